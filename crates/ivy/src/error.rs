@@ -1,0 +1,87 @@
+//! The one error type of Ivy, mapped to an HTTP status and a JSON body in one place.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use tulip::TulipError;
+
+/// Everything a request can fail with, as the client sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum IvyError {
+    /// The request asks for something the model cannot do.
+    #[error("{0}")]
+    Validation(String),
+    /// The tokenizer rejected an input.
+    #[error("{0}")]
+    Tokenizer(String),
+    /// The body is not valid JSON.
+    #[error("{0}")]
+    InvalidJson(String),
+    /// The body is not `application/json`.
+    #[error("expected a JSON body with Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// Too many inputs, or too many bytes.
+    #[error("{0}")]
+    TooLarge(String),
+    /// More requests in flight than `--max-concurrent-requests`.
+    #[error("the server is handling as many requests as it allows; try again")]
+    Overloaded,
+    /// Tulip cannot be reached or its engine stopped.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The engine failed (not the client's mistake).
+    #[error("{0}")]
+    Backend(String),
+}
+
+impl IvyError {
+    fn status_and_type(&self) -> (StatusCode, &'static str) {
+        match self {
+            IvyError::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation"),
+            IvyError::Tokenizer(_) => (StatusCode::UNPROCESSABLE_ENTITY, "tokenizer"),
+            IvyError::InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid_json"),
+            IvyError::UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            IvyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            IvyError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
+            IvyError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
+            IvyError::Backend(_) => (StatusCode::INTERNAL_SERVER_ERROR, "backend"),
+        }
+    }
+}
+
+impl IntoResponse for IvyError {
+    fn into_response(self) -> Response {
+        let (status, error_type) = self.status_and_type();
+        metrics::counter!("ivy_errors_total", "error_type" => error_type).increment(1);
+        (
+            status,
+            Json(json!({ "error": self.to_string(), "error_type": error_type })),
+        )
+            .into_response()
+    }
+}
+
+impl From<TulipError> for IvyError {
+    fn from(err: TulipError) -> Self {
+        if err.is_client_error() {
+            return IvyError::Validation(status_message(err));
+        }
+        match err {
+            TulipError::Stopped => IvyError::Unavailable(err.to_string()),
+            TulipError::Remote(status) if status.code() == tonic::Code::Unavailable => {
+                IvyError::Unavailable(format!("Tulip is unavailable: {}", status.message()))
+            }
+            other => IvyError::Backend(status_message(other)),
+        }
+    }
+}
+
+fn status_message(err: TulipError) -> String {
+    match err {
+        TulipError::Remote(status) => status.message().to_string(),
+        other => other.to_string(),
+    }
+}

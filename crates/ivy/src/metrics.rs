@@ -1,0 +1,44 @@
+//! Prometheus metrics of the whole process (Ivy's and, in-process, Tulip's), served at /metrics.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::backend::Embeddings;
+
+const SECONDS: &[f64] = &[
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+    10.0, 30.0,
+];
+
+/// Installs the process-wide recorder once and returns the handle that renders it.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            PrometheusBuilder::new()
+                .set_buckets(SECONDS)
+                .expect("bucket list is not empty")
+                .install_recorder()
+                .expect("no other metrics recorder is installed")
+        })
+        .clone()
+}
+
+/// Records where one embedding request's time went.
+pub fn record_embedding(
+    route: &'static str,
+    inputs: usize,
+    tokens: usize,
+    tokenization: Duration,
+    e: &Embeddings,
+) {
+    metrics::counter!("ivy_requests_total", "route" => route).increment(1);
+    metrics::counter!("ivy_inputs_total").increment(inputs as u64);
+    metrics::counter!("ivy_input_tokens_total").increment(tokens as u64);
+    metrics::histogram!("ivy_tokenization_duration_seconds").record(tokenization.as_secs_f64());
+    metrics::histogram!("ivy_queue_duration_seconds").record(e.queue_time.as_secs_f64());
+    metrics::histogram!("ivy_inference_duration_seconds").record(e.inference_time.as_secs_f64());
+    metrics::histogram!("ivy_transfer_duration_seconds").record(e.transfer_time.as_secs_f64());
+}

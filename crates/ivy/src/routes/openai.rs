@@ -1,0 +1,84 @@
+//! The OpenAI-compatible API: POST /v1/embeddings, GET /v1/models.
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::Json;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokenizers::TruncationDirection;
+use tulip::proto::Encoding;
+
+use super::{timing_headers, JsonBody};
+use crate::embed::EmbedCall;
+use crate::error::IvyError;
+use crate::input::parse_inputs;
+use crate::server::Gateway;
+
+#[derive(Deserialize)]
+pub(super) struct EmbeddingsRequest {
+    #[serde(default)]
+    input: Value,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<i64>,
+}
+
+pub(super) async fn embeddings(
+    State(gateway): State<Gateway>,
+    JsonBody(request): JsonBody<EmbeddingsRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    let base64 = match request.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(IvyError::Validation(format!(
+                "`encoding_format` must be float or base64, not {other:?}"
+            )))
+        }
+    };
+    let call = EmbedCall {
+        inputs: parse_inputs(&request.input, "input")?,
+        prompt_name: None,
+        truncate: None,
+        direction: TruncationDirection::Right,
+        normalize: true,
+        dimensions: request.dimensions,
+        encoding: Encoding::Float32,
+    };
+    let embedded = gateway.embed("openai", call).await?;
+    let e = &embedded.embeddings;
+    let data: Vec<Value> = (0..e.count)
+        .map(|i| {
+            let embedding = if base64 {
+                // OpenAI's base64 is the little-endian float32 bytes, which is how Tulip packs them.
+                Value::from(base64::engine::general_purpose::STANDARD.encode(e.row(i)))
+            } else {
+                Value::from(floats(e.row(i)))
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let model = request
+        .model
+        .unwrap_or_else(|| gateway.info().model_id.clone());
+    let usage = json!({"prompt_tokens": embedded.tokens, "total_tokens": embedded.tokens});
+    let body = json!({"object": "list", "data": data, "model": model, "usage": usage});
+    Ok((timing_headers(&embedded), Json(body)))
+}
+
+pub(super) async fn models(State(gateway): State<Gateway>) -> Json<Value> {
+    let model = json!({"id": gateway.info().model_id, "object": "model", "owned_by": "ivy"});
+    Json(json!({"object": "list", "data": [model]}))
+}
+
+/// Little-endian float32 bytes as floats.
+pub(super) fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}

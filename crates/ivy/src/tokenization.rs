@@ -1,0 +1,364 @@
+//! Tokenization on a pool of worker threads, so that it never runs on the async executor.
+//!
+//! Each worker owns a clone of the tokenizer and takes one input at a time from a shared channel;
+//! async callers await a oneshot answer.
+
+use std::sync::Arc;
+use std::thread;
+
+use serde::Serialize;
+pub use tokenizers::TruncationDirection;
+use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
+use tokio::sync::oneshot;
+
+use crate::error::IvyError;
+
+/// How to tokenize the inputs of one request.
+#[derive(Debug, Clone)]
+pub struct EncodeOptions {
+    /// Text put before every input (the model's prompt or instruction).
+    pub prompt: Arc<str>,
+    /// Cut inputs longer than the model's limit instead of rejecting them.
+    pub truncate: bool,
+    pub direction: TruncationDirection,
+    pub add_special_tokens: bool,
+}
+
+/// One token as `/tokenize` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Token {
+    pub id: u32,
+    pub text: String,
+    pub special: bool,
+    /// Byte offsets in the templated input; absent for special tokens.
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
+}
+
+enum Job {
+    Encode {
+        index: usize,
+        text: String,
+        options: Arc<EncodeOptions>,
+        reply: oneshot::Sender<Result<Vec<u32>, IvyError>>,
+    },
+    Tokenize {
+        text: String,
+        options: Arc<EncodeOptions>,
+        reply: oneshot::Sender<Result<Vec<Token>, IvyError>>,
+    },
+}
+
+/// Cheap-to-clone handle to the tokenization workers.
+#[derive(Clone)]
+pub struct TokenizerPool {
+    jobs: crossbeam_channel::Sender<Job>,
+    max_input_length: usize,
+}
+
+impl TokenizerPool {
+    /// Starts `workers` threads, each with its own copy of `tokenizer`; inputs are limited to
+    /// `max_input_length` tokens, special tokens included.
+    pub fn new(mut tokenizer: Tokenizer, workers: usize, max_input_length: usize) -> TokenizerPool {
+        // Published tokenizer.json files often carry padding and a shorter truncation for
+        // training; serving packs without padding and truncates per request.
+        tokenizer.with_padding(None);
+        let _ = tokenizer.with_truncation(None);
+        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
+        for i in 0..workers.max(1) {
+            let queue = queue.clone();
+            let mut worker = Worker {
+                tokenizer: tokenizer.clone(),
+                max_input_length,
+            };
+            thread::Builder::new()
+                .name(format!("ivy-tokenizer-{i}"))
+                .spawn(move || queue.iter().for_each(|job| worker.run(job)))
+                .expect("spawn a tokenization worker");
+        }
+        TokenizerPool {
+            jobs,
+            max_input_length,
+        }
+    }
+
+    /// The model's input limit in tokens.
+    pub fn max_input_length(&self) -> usize {
+        self.max_input_length
+    }
+
+    /// Token ids of `options.prompt + text`; `index` names the input in error messages.
+    pub async fn encode(
+        &self,
+        index: usize,
+        text: String,
+        options: Arc<EncodeOptions>,
+    ) -> Result<Vec<u32>, IvyError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::Encode {
+            index,
+            text,
+            options,
+            reply,
+        })?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Tokens of `options.prompt + text`, with their text and offsets.
+    pub async fn tokenize(
+        &self,
+        text: String,
+        options: Arc<EncodeOptions>,
+    ) -> Result<Vec<Token>, IvyError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::Tokenize {
+            text,
+            options,
+            reply,
+        })?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    fn submit(&self, job: Job) -> Result<(), IvyError> {
+        self.jobs.send(job).map_err(|_| stopped())
+    }
+}
+
+fn stopped() -> IvyError {
+    IvyError::Backend("the tokenization workers have stopped".into())
+}
+
+struct Worker {
+    tokenizer: Tokenizer,
+    max_input_length: usize,
+}
+
+impl Worker {
+    fn run(&mut self, job: Job) {
+        match job {
+            Job::Encode {
+                index,
+                text,
+                options,
+                reply,
+            } => {
+                let _ = reply.send(self.encode(index, &text, &options));
+            }
+            Job::Tokenize {
+                text,
+                options,
+                reply,
+            } => {
+                let _ = reply.send(self.tokenize(&text, &options));
+            }
+        }
+    }
+
+    fn encode(
+        &mut self,
+        index: usize,
+        text: &str,
+        options: &EncodeOptions,
+    ) -> Result<Vec<u32>, IvyError> {
+        let templated = format!("{}{text}", options.prompt);
+        self.truncate_to(options.direction)?;
+        let encoding = self
+            .tokenizer
+            .encode_fast(templated.as_str(), options.add_special_tokens)
+            .map_err(|e| {
+                IvyError::Tokenizer(format!("input {index} could not be tokenized: {e}"))
+            })?;
+        if !options.truncate && !encoding.get_overflowing().is_empty() {
+            return Err(IvyError::Validation(format!(
+                "input {index} is longer than the model's limit of {} tokens; shorten it or set truncate to true",
+                self.max_input_length
+            )));
+        }
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    fn tokenize(&mut self, text: &str, options: &EncodeOptions) -> Result<Vec<Token>, IvyError> {
+        let templated = format!("{}{text}", options.prompt);
+        let _ = self.tokenizer.with_truncation(None);
+        let encoding = self
+            .tokenizer
+            .encode(templated.as_str(), options.add_special_tokens)
+            .map_err(|e| IvyError::Tokenizer(e.to_string()))?;
+        Ok(encoding
+            .get_ids()
+            .iter()
+            .zip(encoding.get_offsets())
+            .zip(encoding.get_special_tokens_mask())
+            .map(|((&id, &(start, stop)), &special)| {
+                let special = special == 1;
+                Token {
+                    id,
+                    text: if special {
+                        self.tokenizer.id_to_token(id).unwrap_or_default()
+                    } else {
+                        templated[start..stop].to_string()
+                    },
+                    special,
+                    start: (!special).then_some(start),
+                    stop: (!special).then_some(stop),
+                }
+            })
+            .collect())
+    }
+
+    fn truncate_to(&mut self, direction: TruncationDirection) -> Result<(), IvyError> {
+        let params = TruncationParams {
+            direction,
+            max_length: self.max_input_length,
+            strategy: TruncationStrategy::LongestFirst,
+            stride: 0,
+        };
+        self.tokenizer
+            .with_truncation(Some(params))
+            .map(|_| ())
+            .map_err(|e| {
+                IvyError::Tokenizer(format!(
+                    "cannot truncate to {} tokens: {e}",
+                    self.max_input_length
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    /// A word-level tokenizer that wraps inputs in [CLS] ... [SEP], as BERT's does.
+    fn tokenizer() -> Tokenizer {
+        let vocab = r#"{"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "query": 3, "a": 4, "b": 5, "c": 6, "d": 7, "e": 8}"#;
+        let special = r#"{"[CLS]": {"id": "[CLS]", "ids": [1], "tokens": ["[CLS]"]}, "[SEP]": {"id": "[SEP]", "ids": [2], "tokens": ["[SEP]"]}}"#;
+        let json = format!(
+            r#"{{"version": "1.0", "added_tokens": [], "normalizer": null, "decoder": null,
+                "truncation": {{"max_length": 2, "strategy": "LongestFirst", "stride": 0, "direction": "Right"}},
+                "padding": null,
+                "pre_tokenizer": {{"type": "Whitespace"}},
+                "post_processor": {{"type": "TemplateProcessing",
+                    "single": [{{"SpecialToken": {{"id": "[CLS]", "type_id": 0}}}}, {{"Sequence": {{"id": "A", "type_id": 0}}}}, {{"SpecialToken": {{"id": "[SEP]", "type_id": 0}}}}],
+                    "pair": [{{"Sequence": {{"id": "A", "type_id": 0}}}}, {{"Sequence": {{"id": "B", "type_id": 1}}}}],
+                    "special_tokens": {special}}},
+                "model": {{"type": "WordLevel", "vocab": {vocab}, "unk_token": "[UNK]"}}}}"#
+        );
+        Tokenizer::from_str(&json).unwrap()
+    }
+
+    fn options(prompt: &str, truncate: bool, direction: TruncationDirection) -> Arc<EncodeOptions> {
+        Arc::new(EncodeOptions {
+            prompt: prompt.into(),
+            truncate,
+            direction,
+            add_special_tokens: true,
+        })
+    }
+
+    #[tokio::test]
+    async fn encodes_with_prompt_and_special_tokens() {
+        let pool = TokenizerPool::new(tokenizer(), 2, 6);
+        let ids = pool
+            .encode(
+                0,
+                "a b".into(),
+                options("query ", false, TruncationDirection::Right),
+            )
+            .await
+            .unwrap();
+        assert_eq!(ids, [1, 3, 4, 5, 2]);
+    }
+
+    #[tokio::test]
+    async fn rejects_or_truncates_long_inputs_keeping_special_tokens() {
+        let pool = TokenizerPool::new(tokenizer(), 1, 4);
+        let err = pool
+            .encode(
+                3,
+                "a b c d".into(),
+                options("", false, TruncationDirection::Right),
+            )
+            .await
+            .unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("input 3 is longer than the model's limit of 4 tokens"));
+        let right = pool
+            .encode(
+                0,
+                "a b c d".into(),
+                options("", true, TruncationDirection::Right),
+            )
+            .await
+            .unwrap();
+        assert_eq!(right, [1, 4, 5, 2]);
+        let left = pool
+            .encode(
+                0,
+                "a b c d".into(),
+                options("", true, TruncationDirection::Left),
+            )
+            .await
+            .unwrap();
+        assert_eq!(left, [1, 6, 7, 2]);
+        // Exactly at the limit is not too long.
+        let exact = pool
+            .encode(
+                0,
+                "a b".into(),
+                options("", false, TruncationDirection::Right),
+            )
+            .await
+            .unwrap();
+        assert_eq!(exact, [1, 4, 5, 2]);
+    }
+
+    #[tokio::test]
+    async fn many_concurrent_inputs_come_back_to_their_callers() {
+        let pool = TokenizerPool::new(tokenizer(), 3, 16);
+        let words = ["a", "b", "c", "d", "e"];
+        let calls = (0..200).map(|i| {
+            let pool = pool.clone();
+            let text = words[..i % 5 + 1].join(" ");
+            async move {
+                (
+                    i,
+                    pool.encode(i, text, options("", false, TruncationDirection::Right))
+                        .await
+                        .unwrap(),
+                )
+            }
+        });
+        for (i, ids) in futures::future::join_all(calls).await {
+            assert_eq!(ids.len(), i % 5 + 3);
+            assert_eq!(ids[ids.len() - 2], (i % 5 + 4) as u32);
+        }
+    }
+
+    #[tokio::test]
+    async fn tokenize_reports_text_offsets_and_special_tokens() {
+        let pool = TokenizerPool::new(tokenizer(), 1, 16);
+        let tokens = pool
+            .tokenize(
+                "a zz".into(),
+                options("", false, TruncationDirection::Right),
+            )
+            .await
+            .unwrap();
+        let texts: Vec<_> = tokens
+            .iter()
+            .map(|t| (t.id, t.text.as_str(), t.special, t.start))
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                (1, "[CLS]", true, None),
+                (4, "a", false, Some(0)),
+                (0, "zz", false, Some(2)),
+                (2, "[SEP]", true, None)
+            ]
+        );
+    }
+}

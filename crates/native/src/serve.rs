@@ -1,0 +1,172 @@
+//! `ivy-serve` and `tulip-serve`: parse flags, load ROSE under Tulip, serve until a signal.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use clap::{Args, Parser};
+use ivy::IvyArgs;
+use pyo3::prelude::*;
+use tokio::sync::watch;
+use tulip::{Scheduler, TulipArgs};
+
+use crate::engine::{EngineArgs, Rose};
+
+/// Ivy, Tulip and ROSE in one process: an OpenAI- and TEI-compatible embedding server.
+#[derive(Debug, Parser)]
+#[command(name = "ivy-serve", version)]
+struct IvyServe {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    ivy: IvyArgs,
+    #[command(flatten)]
+    tulip: TulipArgs,
+}
+
+/// Tulip and ROSE alone: the gRPC inference server that `ivy-serve --tulip-endpoint` uses.
+#[derive(Debug, Parser)]
+#[command(name = "tulip-serve", version)]
+struct TulipServe {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    tulip: TulipArgs,
+    #[command(flatten)]
+    listen: Listen,
+}
+
+#[derive(Debug, Args)]
+struct Listen {
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long, env = "IVY_HOSTNAME", default_value = "0.0.0.0")]
+    hostname: String,
+}
+
+/// Runs the command `argv[0]` (ivy-serve or tulip-serve) with its flags; returns the exit code.
+#[pyfunction]
+pub fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
+    let tulip_only = argv
+        .first()
+        .is_some_and(|name| name.ends_with("tulip-serve"));
+    let parsed = if tulip_only {
+        TulipServe::try_parse_from(&argv).map(|a| (a.engine, a.tulip, None, a.listen.hostname))
+    } else {
+        IvyServe::try_parse_from(&argv).map(|a| {
+            let hostname = a.ivy.hostname.clone();
+            (a.engine, a.tulip, Some(a.ivy), hostname)
+        })
+    };
+    let (engine, tulip, ivy, hostname) = match parsed {
+        Ok(parsed) => parsed,
+        Err(err) => {
+            let _ = err.print();
+            return err.exit_code();
+        }
+    };
+    init_logging();
+    // Everything below runs without the GIL: the engine thread takes it when it calls ROSE.
+    let result = py.detach(|| run(engine, tulip, ivy, hostname));
+    match result {
+        Ok(()) => 0,
+        Err(err) => {
+            tracing::error!("{err}");
+            1
+        }
+    }
+}
+
+fn run(
+    engine: EngineArgs,
+    tulip: TulipArgs,
+    ivy: Option<IvyArgs>,
+    hostname: String,
+) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ivy-tulip")
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async move {
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            let _ = stop.send(true);
+        });
+        let until = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+
+        if let Some(ivy) = ivy.as_ref().filter(|ivy| !ivy.tulip_endpoints.is_empty()) {
+            let endpoints = ivy.tulip_endpoints.clone();
+            return ivy::run(ivy.clone(), &endpoints, until(stopped))
+                .await
+                .map_err(|e| e.to_string());
+        }
+
+        let ip: IpAddr = tokio::net::lookup_host((hostname.as_str(), 0))
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .map(|a| a.ip())
+            .ok_or_else(|| format!("cannot resolve --hostname {hostname}"))?;
+        let listener = tulip::server::bind(SocketAddr::new(ip, tulip.grpc_port))
+            .await
+            .map_err(|e| format!("cannot listen on {ip}:{}: {e}", tulip.grpc_port))?;
+        let scheduler = tokio::task::spawn_blocking(move || {
+            Scheduler::start(
+                move || Rose::load(&engine),
+                |info| tulip.budget(&info.device),
+            )
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        let grpc_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!("Tulip listens for gRPC on {grpc_addr}");
+        let grpc = tokio::spawn(tulip::server::serve(
+            scheduler,
+            listener,
+            until(stopped.clone()),
+        ));
+
+        if let Some(ivy) = ivy {
+            // Ivy reaches Tulip only through its gRPC port, as it would another host's.
+            let local = if ip.is_unspecified() {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            } else {
+                ip
+            };
+            let endpoint = format!("http://{}", SocketAddr::new(local, grpc_addr.port()));
+            ivy::run(ivy, &[endpoint], until(stopped))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        grpc.await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("Tulip's gRPC server failed: {e}"))
+    })
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn init_logging() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
+}

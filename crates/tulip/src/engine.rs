@@ -1,0 +1,82 @@
+//! The interface between Tulip's scheduler and an inference engine.
+//!
+//! `step` only enqueues work and returns a [`Pending`] result at once; the scheduler waits on it
+//! from another thread while the engine thread prepares the next batch.
+
+/// A packed batch: all sequences' token ids concatenated, with cumulative offsets (no padding).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    pub token_ids: Vec<u32>,
+    /// `cu_seqlens[i]..cu_seqlens[i + 1]` are sequence i's tokens; starts with 0.
+    pub cu_seqlens: Vec<u32>,
+}
+
+impl Batch {
+    /// Number of sequences.
+    pub fn len(&self) -> usize {
+        self.cu_seqlens.len().saturating_sub(1)
+    }
+
+    /// True when the batch holds no sequence.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends one sequence.
+    pub fn push(&mut self, ids: &[u32]) {
+        if self.cu_seqlens.is_empty() {
+            self.cu_seqlens.push(0);
+        }
+        self.token_ids.extend_from_slice(ids);
+        self.cu_seqlens.push(self.token_ids.len() as u32);
+    }
+}
+
+/// Pooled, unnormalized float32 vectors of one batch on the host, row-major `[rows, dim]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pooled {
+    pub dim: usize,
+    pub data: Vec<f32>,
+}
+
+impl Pooled {
+    /// Row `i` of the matrix.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+}
+
+/// A batch's result that may still be in flight on the device.
+pub trait Pending: Send + 'static {
+    /// Blocks until the vectors are on the host.
+    fn wait(self) -> Result<Pooled, String>;
+}
+
+/// An inference engine driven by one thread.
+pub trait Engine: 'static {
+    type Pending: Pending;
+
+    /// Enqueues the forward pass of `batch`; returns without waiting for the device.
+    fn step(&mut self, batch: &Batch) -> Result<Self::Pending, String>;
+}
+
+/// What the engine serves, as reported by it after loading.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineInfo {
+    pub model_id: String,
+    pub model_type: String,
+    pub model_path: String,
+    pub dtype: String,
+    pub device: String,
+    pub attention_backend: String,
+    pub pooling: String,
+    pub dimensions: usize,
+    pub max_input_length: usize,
+    pub vocab_size: usize,
+    /// tokenizer.json as published with the model.
+    pub tokenizer_json: Vec<u8>,
+    /// Prompts and other tokenization settings, as a JSON object (see Ivy's `template`).
+    pub template_json: String,
+    /// Engine-specific facts for /info, as a JSON object.
+    pub engine_json: String,
+}

@@ -1,0 +1,24 @@
+//! Tulip accumulates embedding requests, packs them first-come first-served into batches under a
+//! token budget, and drives an [`Engine`] (ROSE, through the `native` crate) from one thread.
+//!
+//! It knows nothing of Python: the engine is a trait, and the gRPC contract lives in `protos/`.
+
+pub mod client;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod postprocess;
+pub mod queue;
+pub mod scheduler;
+pub mod server;
+
+/// Types generated from `protos/tulip.proto`.
+pub mod proto {
+    tonic::include_proto!("tulip.v1");
+}
+
+pub use client::TulipClient;
+pub use config::TulipArgs;
+pub use engine::{Batch, Engine, EngineInfo, Pending, Pooled};
+pub use error::TulipError;
+pub use scheduler::Scheduler;

@@ -1,0 +1,432 @@
+//! The scheduler: one engine thread owns the queue and the engine, one waiter thread turns
+//! in-flight results into answers, and a cheap [`Scheduler`] handle submits work from async code.
+//!
+//! The engine thread never waits on the device: `step` returns a [`Pending`] result, which is
+//! handed to the waiter thread through a rendezvous channel. So while batch N is computed, batch
+//! N+1 is already enqueued, and no more than that: the engine thread blocks on the hand-over until
+//! the waiter has finished N. Async callers only await a oneshot channel.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{Batch, Engine, EngineInfo, Pending, Pooled};
+use crate::error::TulipError;
+use crate::queue::{take_batch, Budget, Queued};
+
+/// Handle to the engine thread; cloning it is cheap.
+#[derive(Clone)]
+pub struct Scheduler {
+    submit: mpsc::UnboundedSender<Arc<Job>>,
+    info: Arc<EngineInfo>,
+    budget: Budget,
+}
+
+/// The vectors of one request, with where its time went.
+#[derive(Debug)]
+pub struct Embedded {
+    pub pooled: Pooled,
+    /// From submission until its first sequence went into a batch.
+    pub queue_time: Duration,
+    /// From then until its last vector was on the host.
+    pub inference_time: Duration,
+}
+
+impl Scheduler {
+    /// Starts the engine thread, builds the engine on it with `load` (so that thread-bound state
+    /// such as a CUDA stream belongs to it), and returns once the engine is ready. `budget` sets
+    /// the batch limits for the engine loaded.
+    pub fn start<E, F>(
+        load: F,
+        budget: impl FnOnce(&EngineInfo) -> Budget,
+    ) -> Result<Scheduler, TulipError>
+    where
+        E: Engine,
+        F: FnOnce() -> Result<(E, EngineInfo), String> + Send + 'static,
+    {
+        let (budget_tx, budget_rx) = std::sync::mpsc::channel();
+        let (submit, incoming) = mpsc::unbounded_channel();
+        let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
+        thread::Builder::new()
+            .name("tulip-engine".into())
+            .spawn(move || match load() {
+                Ok((engine, info)) => {
+                    let _ = loaded_tx.send(Ok(info));
+                    let Ok(budget) = budget_rx.recv() else { return };
+                    let (to_waiter, in_flight) = sync_channel(0);
+                    thread::Builder::new()
+                        .name("tulip-waiter".into())
+                        .spawn(move || waiter_loop::<E::Pending>(in_flight))
+                        .expect("spawn the waiter thread");
+                    engine_loop(engine, incoming, budget, to_waiter);
+                }
+                Err(err) => {
+                    let _ = loaded_tx.send(Err(err));
+                }
+            })
+            .expect("spawn the engine thread");
+        let info = loaded_rx
+            .recv()
+            .map_err(|_| TulipError::Stopped)?
+            .map_err(TulipError::Engine)?;
+        let budget = budget(&info);
+        let _ = budget_tx.send(budget);
+        Ok(Scheduler {
+            submit,
+            info: Arc::new(info),
+            budget,
+        })
+    }
+
+    /// What the engine serves.
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The batch limits the scheduler packs under.
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// True while the engine thread runs.
+    pub fn is_ready(&self) -> bool {
+        !self.submit.is_closed()
+    }
+
+    /// Queues the sequences `token_ids[offsets[i]..offsets[i + 1]]` and waits for their pooled
+    /// vectors. Dropping the future withdraws the sequences not yet batched.
+    pub async fn embed(
+        &self,
+        token_ids: Vec<u32>,
+        offsets: Vec<usize>,
+    ) -> Result<Embedded, TulipError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Arc::new(Job::new(token_ids, offsets, reply));
+        self.submit.send(job).map_err(|_| TulipError::Stopped)?;
+        answer.await.map_err(|_| TulipError::Stopped)?
+    }
+}
+
+/// One request: several sequences answered together.
+struct Job {
+    token_ids: Vec<u32>,
+    offsets: Vec<usize>,
+    submitted: Instant,
+    state: Mutex<JobState>,
+}
+
+struct JobState {
+    data: Vec<f32>,
+    dim: usize,
+    remaining: usize,
+    started: Option<Instant>,
+    reply: Option<oneshot::Sender<Result<Embedded, TulipError>>>,
+}
+
+impl Job {
+    fn new(
+        token_ids: Vec<u32>,
+        offsets: Vec<usize>,
+        reply: oneshot::Sender<Result<Embedded, TulipError>>,
+    ) -> Job {
+        let remaining = offsets.len().saturating_sub(1);
+        let state = JobState {
+            data: Vec::new(),
+            dim: 0,
+            remaining,
+            started: None,
+            reply: Some(reply),
+        };
+        Job {
+            token_ids,
+            offsets,
+            submitted: Instant::now(),
+            state: Mutex::new(state),
+        }
+    }
+
+    fn sequences(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    fn tokens(&self, index: usize) -> &[u32] {
+        &self.token_ids[self.offsets[index]..self.offsets[index + 1]]
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, JobState> {
+        // A panic while holding this lock cannot leave the state half-written in a way that
+        // matters more than answering, so a poisoned lock is used as is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mark_started(&self, at: Instant) {
+        self.state().started.get_or_insert(at);
+    }
+
+    fn complete_row(&self, index: usize, row: &[f32]) {
+        let mut state = self.state();
+        if state.reply.is_none() {
+            return;
+        }
+        if state.data.is_empty() {
+            state.dim = row.len();
+            state.data = vec![0.0; row.len() * self.sequences()];
+        }
+        let dim = state.dim;
+        state.data[index * dim..(index + 1) * dim].copy_from_slice(row);
+        state.remaining -= 1;
+        if state.remaining == 0 {
+            let now = Instant::now();
+            let started = state.started.unwrap_or(now);
+            let embedded = Embedded {
+                pooled: Pooled {
+                    dim,
+                    data: std::mem::take(&mut state.data),
+                },
+                queue_time: started - self.submitted,
+                inference_time: now - started,
+            };
+            if let Some(reply) = state.reply.take() {
+                let _ = reply.send(Ok(embedded));
+            }
+        }
+    }
+
+    fn fail(&self, message: &str) {
+        if let Some(reply) = self.state().reply.take() {
+            let _ = reply.send(Err(TulipError::Engine(message.to_string())));
+        }
+    }
+}
+
+/// One sequence of a job, waiting in the queue or riding in a batch.
+struct Sequence {
+    job: Arc<Job>,
+    index: usize,
+}
+
+impl Queued for Sequence {
+    fn tokens(&self) -> usize {
+        self.job.offsets[self.index + 1] - self.job.offsets[self.index]
+    }
+
+    fn is_wanted(&self) -> bool {
+        self.job
+            .state()
+            .reply
+            .as_ref()
+            .is_some_and(|reply| !reply.is_closed())
+    }
+}
+
+struct InFlight<P> {
+    pending: P,
+    members: Vec<Sequence>,
+}
+
+fn engine_loop<E: Engine>(
+    mut engine: E,
+    mut incoming: mpsc::UnboundedReceiver<Arc<Job>>,
+    budget: Budget,
+    to_waiter: SyncSender<InFlight<E::Pending>>,
+) {
+    let mut queue = VecDeque::new();
+    loop {
+        if queue.is_empty() {
+            match incoming.blocking_recv() {
+                Some(job) => enqueue(&mut queue, job),
+                None => return,
+            }
+        }
+        while let Ok(job) = incoming.try_recv() {
+            enqueue(&mut queue, job);
+        }
+        let members = take_batch(&mut queue, budget);
+        metrics::gauge!("tulip_queue_sequences").set(queue.len() as f64);
+        if members.is_empty() {
+            continue;
+        }
+        let mut batch = Batch::default();
+        let started = Instant::now();
+        for seq in &members {
+            batch.push(seq.job.tokens(seq.index));
+            seq.job.mark_started(started);
+        }
+        metrics::histogram!("tulip_batch_sequences").record(batch.len() as f64);
+        metrics::histogram!("tulip_batch_tokens").record(batch.token_ids.len() as f64);
+        let stepped = engine.step(&batch);
+        metrics::histogram!("tulip_step_duration_seconds").record(started.elapsed().as_secs_f64());
+        match stepped {
+            Ok(pending) => {
+                if to_waiter.send(InFlight { pending, members }).is_err() {
+                    return;
+                }
+            }
+            Err(err) => {
+                tracing::error!("engine step failed: {err}");
+                members.iter().for_each(|seq| seq.job.fail(&err));
+            }
+        }
+    }
+}
+
+fn enqueue(queue: &mut VecDeque<Sequence>, job: Arc<Job>) {
+    queue.extend((0..job.sequences()).map(|index| Sequence {
+        job: job.clone(),
+        index,
+    }));
+}
+
+fn waiter_loop<P: Pending>(in_flight: Receiver<InFlight<P>>) {
+    for InFlight { pending, members } in in_flight {
+        match pending.wait() {
+            Ok(pooled) => {
+                for (row, seq) in members.iter().enumerate() {
+                    seq.job.complete_row(seq.index, pooled.row(row));
+                }
+            }
+            Err(err) => {
+                tracing::error!("engine result failed: {err}");
+                members.iter().for_each(|seq| seq.job.fail(&err));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine whose vector for a sequence is [its length, its first token id].
+    struct Echo;
+
+    struct Ready(Result<Pooled, String>);
+
+    impl Pending for Ready {
+        fn wait(self) -> Result<Pooled, String> {
+            self.0
+        }
+    }
+
+    impl Engine for Echo {
+        type Pending = Ready;
+        fn step(&mut self, batch: &Batch) -> Result<Ready, String> {
+            if batch.token_ids.contains(&666) {
+                return Err("bad token".into());
+            }
+            let data = batch
+                .cu_seqlens
+                .windows(2)
+                .flat_map(|w| [(w[1] - w[0]) as f32, batch.token_ids[w[0] as usize] as f32])
+                .collect();
+            Ok(Ready(Ok(Pooled { dim: 2, data })))
+        }
+    }
+
+    fn start(max_tokens: usize) -> Scheduler {
+        let budget = Budget {
+            max_tokens,
+            max_sequences: 4,
+        };
+        Scheduler::start(|| Ok((Echo, EngineInfo::default())), |_| budget).unwrap()
+    }
+
+    #[tokio::test]
+    async fn answers_each_request_in_its_own_order() {
+        let scheduler = start(8);
+        let out = scheduler
+            .embed(vec![7, 8, 9, 1, 2, 3, 4, 5, 6], vec![0, 3, 4, 9])
+            .await
+            .unwrap();
+        assert_eq!(out.pooled.data, [3.0, 7.0, 1.0, 1.0, 5.0, 2.0]);
+    }
+
+    #[tokio::test]
+    async fn many_concurrent_requests_each_get_their_own_vectors() {
+        let scheduler = start(16);
+        let calls = (1..=64u32).map(|i| {
+            let scheduler = scheduler.clone();
+            async move {
+                (
+                    i,
+                    scheduler
+                        .embed(vec![i; i as usize % 5 + 1], vec![0, i as usize % 5 + 1])
+                        .await,
+                )
+            }
+        });
+        for (i, out) in futures::future::join_all(calls).await {
+            assert_eq!(out.unwrap().pooled.data, [(i % 5 + 1) as f32, i as f32]);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_engine_error_fails_its_batch_and_the_engine_keeps_serving() {
+        let scheduler = start(4);
+        let err = scheduler.embed(vec![666], vec![0, 1]).await.unwrap_err();
+        assert!(matches!(err, TulipError::Engine(_)));
+        assert!(scheduler.embed(vec![1], vec![0, 1]).await.is_ok());
+    }
+
+    /// An engine that holds its first step until released, and records what it was given.
+    struct Gated {
+        release: std::sync::mpsc::Receiver<()>,
+        seen: Arc<Mutex<Vec<Vec<u32>>>>,
+    }
+
+    impl Engine for Gated {
+        type Pending = Ready;
+        fn step(&mut self, batch: &Batch) -> Result<Ready, String> {
+            if self.seen.lock().unwrap().is_empty() {
+                self.release.recv().unwrap();
+            }
+            self.seen.lock().unwrap().push(batch.token_ids.clone());
+            Ok(Ready(Ok(Pooled {
+                dim: 1,
+                data: vec![0.0; batch.len()],
+            })))
+        }
+    }
+
+    #[tokio::test]
+    async fn sequences_whose_client_has_gone_are_skipped() {
+        let (release, gate) = std::sync::mpsc::channel();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let budget = Budget {
+            max_tokens: 1,
+            max_sequences: 1,
+        };
+        let load = move || {
+            Ok((
+                Gated {
+                    release: gate,
+                    seen: recorded,
+                },
+                EngineInfo::default(),
+            ))
+        };
+        let scheduler = Scheduler::start(load, |_| budget).unwrap();
+
+        let first = tokio::spawn({
+            let scheduler = scheduler.clone();
+            async move { scheduler.embed(vec![1], vec![0, 1]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Queued behind the held step; its client gives up before it is batched.
+        let gone = tokio::time::timeout(
+            Duration::from_millis(50),
+            scheduler.embed(vec![2], vec![0, 1]),
+        )
+        .await;
+        assert!(gone.is_err());
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        scheduler.embed(vec![3], vec![0, 1]).await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), [vec![1], vec![3]]);
+    }
+}

@@ -1,0 +1,94 @@
+"""CPU attention: sequences of similar length padded into groups for torch's SDPA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rose.attention.base import AttentionBackend, AttentionSpec, BackendUnavailable
+from rose.batch import RaggedBatch
+
+
+def length_groups(lengths: list[int], max_waste: float = 0.25, min_tokens: int = 64) -> list[list[int]]:
+    """Splits sequence indices into groups of similar length, so that padding each group to its
+    longest member wastes at most `max_waste` of its tokens (groups under `min_tokens` padded
+    tokens may waste more: there padding costs less than another call)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    groups: list[list[int]] = []
+    real = 0
+    for i in order:
+        if groups:
+            group = groups[-1]
+            padded = lengths[group[0]] * (len(group) + 1)
+            if padded <= min_tokens or padded <= (1 + max_waste) * (real + lengths[i]):
+                group.append(i)
+                real += lengths[i]
+                continue
+        groups.append([i])
+        real = lengths[i]
+    return groups
+
+
+@dataclass
+class _Group:
+    gather: torch.Tensor  # [B * L] token index for each padded slot
+    keep: torch.Tensor  # [B * L] bool, slots that hold real tokens
+    mask: torch.Tensor | None  # [B, 1, L or 1, L] bool, None when no slot is padding
+    sequences: int
+    length: int
+
+
+class SdpaBackend(AttentionBackend):
+    """torch.nn.functional.scaled_dot_product_attention on padded groups; runs anywhere."""
+
+    name = "sdpa"
+
+    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+        super().__init__(spec, device)
+        if device.type != "cpu":
+            raise BackendUnavailable("sdpa is ROSE's CPU backend; on a GPU use fa2, fa3, fa4 or torch")
+        self._groups: list[_Group] = []
+        self._scatter: torch.Tensor = torch.empty(0, dtype=torch.long)
+
+    def plan(self, batch: RaggedBatch) -> None:
+        starts = batch.cu_seqlens_host[:-1].tolist()
+        self._groups = []
+        order = []
+        for members in length_groups(batch.lengths):
+            length = batch.lengths[members[0]]
+            slot = torch.arange(length)
+            lens = torch.tensor([batch.lengths[i] for i in members])
+            first = torch.tensor([starts[i] for i in members])
+            keep = slot[None, :] < lens[:, None]  # [B, L]
+            # Padded slots read their sequence's first token; the mask hides them.
+            gather = first[:, None] + torch.where(keep, slot[None, :], 0)
+            mask = None
+            if not bool(keep.all()):
+                mask = keep[:, None, None, :]
+                if self.spec.causal:
+                    mask = mask & torch.ones(length, length, dtype=torch.bool).tril()[None, None]
+            self._groups.append(_Group(gather.flatten(), keep.flatten(), mask, len(members), length))
+            order.append(gather[keep])
+        # Where each group's real output rows go in the packed output.
+        self._scatter = torch.cat(order) if order else torch.empty(0, dtype=torch.long)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        outputs = []
+        for g in self._groups:
+            qg, kg, vg = (t[g.gather].view(g.sequences, g.length, -1, spec.head_dim).transpose(1, 2) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(
+                qg,
+                kg,
+                vg,
+                attn_mask=g.mask,
+                is_causal=spec.causal and g.mask is None,
+                scale=spec.scale,
+                enable_gqa=spec.num_kv_heads != spec.num_heads,
+            )
+            outputs.append(out.transpose(1, 2).reshape(g.sequences * g.length, -1, spec.head_dim)[g.keep])
+        result = torch.empty_like(q)
+        result[self._scatter] = torch.cat(outputs)
+        return result

@@ -1,0 +1,44 @@
+"""LazyTensor: a step's result that may still be travelling from the device to the host."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class LazyTensor:
+    """A page-locked host buffer, the asynchronous copy filling it, and the event that marks its end.
+
+    step() returns one at once; whoever needs the values calls wait(), which blocks only that
+    caller (torch releases the GIL while it waits on the event).
+    """
+
+    def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None = None) -> None:
+        self._host = host
+        self._done = done
+
+    @classmethod
+    def from_device(cls, values: torch.Tensor, copy_stream: torch.cuda.Stream | None = None) -> LazyTensor:
+        """Starts copying `values` to the host; on the CPU the result is complete at once."""
+        if values.device.type == "cpu":
+            return cls(values.contiguous())
+        assert copy_stream is not None, "a device result needs a copy stream"
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        copy_stream.wait_stream(torch.cuda.current_stream(values.device))
+        with torch.cuda.stream(copy_stream):
+            host.copy_(values, non_blocking=True)
+            # The compute stream may reuse `values` once the copy that reads it is done.
+            values.record_stream(copy_stream)
+            done = torch.cuda.Event()
+            done.record(copy_stream)
+        return cls(host, done)
+
+    def ready(self) -> bool:
+        """True once the values are on the host."""
+        return self._done is None or self._done.query()
+
+    def wait(self) -> np.ndarray:
+        """Blocks until the values are on the host; returns them (float32 [rows, dim])."""
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.numpy()

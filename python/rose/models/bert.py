@@ -1,0 +1,94 @@
+"""The BERT family (MiniLM, BGE, E5, GTE-base style BertModel) over one packed ragged batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rose.attention import AttentionBackend, AttentionSpec
+from rose.batch import RaggedBatch
+
+
+@dataclass
+class _Layer:
+    qkv_weight: torch.Tensor  # query, key and value fused at load time
+    qkv_bias: torch.Tensor
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor
+    attn_norm: tuple[torch.Tensor, torch.Tensor]
+    up_weight: torch.Tensor
+    up_bias: torch.Tensor
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor
+    ffn_norm: tuple[torch.Tensor, torch.Tensor]
+
+
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class Bert:
+    """BertModel's encoder: token states for every token of the batch."""
+
+    weight_prefixes = ("bert.", "model.")
+
+    def __init__(self, config: dict, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only absolute position embeddings are supported for BERT models")
+        self.hidden = config["hidden_size"]
+        self.eps = config.get("layer_norm_eps", 1e-12)
+        self.activation = _ACTIVATIONS[config.get("hidden_act", "gelu")]
+        heads = config["num_attention_heads"]
+        self.attention_spec = AttentionSpec(heads, heads, self.hidden // heads, causal=False)
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(device=device, dtype=dtype).contiguous()
+
+        def norm(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+            # Older checkpoints name LayerNorm's parameters gamma and beta.
+            gamma = f"{prefix}.weight" if f"{prefix}.weight" in weights else f"{prefix}.gamma"
+            beta = f"{prefix}.bias" if f"{prefix}.bias" in weights else f"{prefix}.beta"
+            return w(gamma), w(beta)
+
+        self.word_embeddings = w("embeddings.word_embeddings.weight")
+        self.position_embeddings = w("embeddings.position_embeddings.weight")
+        # Every sequence is a single segment: token type 0 is added to every token.
+        self.token_type_embedding = w("embeddings.token_type_embeddings.weight")[0]
+        self.embed_norm = norm("embeddings.LayerNorm")
+        self.layers = []
+        for i in range(config["num_hidden_layers"]):
+            p = f"encoder.layer.{i}"
+            qkv = [f"{p}.attention.self.{n}" for n in ("query", "key", "value")]
+            self.layers.append(
+                _Layer(
+                    qkv_weight=torch.cat([w(f"{n}.weight") for n in qkv]),
+                    qkv_bias=torch.cat([w(f"{n}.bias") for n in qkv]),
+                    out_weight=w(f"{p}.attention.output.dense.weight"),
+                    out_bias=w(f"{p}.attention.output.dense.bias"),
+                    attn_norm=norm(f"{p}.attention.output.LayerNorm"),
+                    up_weight=w(f"{p}.intermediate.dense.weight"),
+                    up_bias=w(f"{p}.intermediate.dense.bias"),
+                    down_weight=w(f"{p}.output.dense.weight"),
+                    down_bias=w(f"{p}.output.dense.bias"),
+                    ffn_norm=norm(f"{p}.output.LayerNorm"),
+                )
+            )
+
+    def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
+        """[tokens] ids -> [tokens, hidden] states."""
+        spec = self.attention_spec
+        x = self.word_embeddings[batch.input_ids] + self.position_embeddings[batch.positions] + self.token_type_embedding
+        x = F.layer_norm(x, (self.hidden,), *self.embed_norm, self.eps)
+        for layer in self.layers:
+            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias).view(-1, 3, spec.num_heads, spec.head_dim)
+            attn = attention(qkv[:, 0], qkv[:, 1], qkv[:, 2]).reshape(-1, self.hidden)
+            x = F.layer_norm(F.linear(attn, layer.out_weight, layer.out_bias) + x, (self.hidden,), *layer.attn_norm, self.eps)
+            h = self.activation(F.linear(x, layer.up_weight, layer.up_bias))
+            x = F.layer_norm(F.linear(h, layer.down_weight, layer.down_bias) + x, (self.hidden,), *layer.ffn_norm, self.eps)
+        return x

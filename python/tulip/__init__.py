@@ -1,0 +1,48 @@
+"""Tulip's Python side: `tulip.Client` for the gRPC API, and the `ivy-serve` / `tulip-serve` commands."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from tulip._native import Client as _NativeClient
+
+__all__ = ["Client"]
+
+Inputs = Union[str, Sequence[str], Sequence[int], Sequence[Sequence[int]]]
+
+
+class Client:
+    """A client of a Tulip server (`ivy-serve` starts one on `--grpc-port`, 50051 by default).
+
+    It tokenizes like Ivy, with the tokenizer and prompts that the server reports, so it talks
+    to Tulip directly with no HTTP in between.
+    """
+
+    def __init__(self, address: str = "127.0.0.1:50051", *, timeout: float = 10.0) -> None:
+        self._native = _NativeClient(address, timeout)
+
+    def embed(
+        self,
+        inputs: Inputs,
+        *,
+        normalize: bool = True,
+        dimensions: int | None = None,
+        truncate: bool = True,
+        prompt_name: str | None = None,
+    ) -> np.ndarray:
+        """Embeds text(s) or token-id list(s); returns float32 [len(inputs), dimensions].
+
+        Texts longer than the model's limit are truncated, as sentence-transformers does, unless
+        `truncate` is False (then they raise ValueError)."""
+        if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], np.ndarray):
+            inputs = [list(map(int, x)) for x in inputs]
+        data, rows, dims = self._native.embed_raw(
+            inputs, normalize=normalize, dimensions=dimensions, truncate=truncate, prompt_name=prompt_name
+        )
+        return np.frombuffer(data, dtype=np.float32).reshape(rows, dims)
+
+    def info(self) -> dict[str, Any]:
+        """The served model: id, type, dtype, device, attention backend, pooling, dimensions, limits."""
+        return self._native.info()

@@ -1,0 +1,22 @@
+"""Entry points of the `ivy-serve` and `tulip-serve` commands."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from tulip._native import serve
+
+
+def main() -> None:
+    """Runs the command this process was started as; its flags are documented by --help."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    name = os.path.basename(sys.argv[0]) or "ivy-serve"
+    sys.exit(serve([name, *sys.argv[1:]]))
+
+
+def tulip_main() -> None:
+    """`tulip-serve`: Tulip and ROSE alone, for Ivy gateways elsewhere (`--tulip-endpoint`)."""
+    sys.argv[0] = "tulip-serve"
+    main()
