@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,26 +21,36 @@ from rose.weights import load_weights
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+# `mixed`: bfloat16 matmuls (float32 accumulation), float32 activations, norms and attention.
+MIXED = "mixed"
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" is the GPU when there is one, else the CPU."""
+    """ "auto" is the GPU when there is one, else the CPU."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """"auto" is bfloat16 on the GPU and float32 on the CPU."""
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """The activations' and the matmuls' dtypes. "auto" is bfloat16 on the GPU and float32 on the CPU."""
     if isinstance(dtype, torch.dtype):
-        return dtype
+        return dtype, dtype
+    if dtype == MIXED:
+        return torch.float32, torch.bfloat16
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
     if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, {MIXED}, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype], _DTYPES[dtype]
 
 
 class Engine:
@@ -56,25 +67,35 @@ class Engine:
     ) -> None:
         self.model_dir = ModelDir.open(model)
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype, self.matmul_dtype = resolve_dtype(dtype, self.device)
         self.pooling = pooling or self.model_dir.pooling
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {self.pooling!r}; use {', '.join(POOLING_MODES)}")
         cls = model_class(self.model_dir.model_type)
         weights = load_weights(self.model_dir.path, cls.weight_prefixes)
-        self.model = cls(self.model_dir.config, weights, self.dtype, self.device)
+        self.model = cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
         self.attention = create_backend(attention_backend, self.model.attention_spec, self.device)
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._tokenizer: Any = None
         log.info(
             "ROSE serves %s (%s) on %s in %s with %s attention and %s pooling",
-            self.model_dir.model_id, self.model_dir.model_type, self.device, _dtype_name(self.dtype),
-            self.attention.name, self.pooling,
+            self.model_dir.model_id,
+            self.model_dir.model_type,
+            self.device,
+            self.dtype_name,
+            self.attention.name,
+            self.pooling,
         )
 
     @property
     def dimensions(self) -> int:
         return int(self.model_dir.config["hidden_size"])
+
+    @property
+    def dtype_name(self) -> str:
+        if self.matmul_dtype != self.dtype:
+            return f"{MIXED} ({_dtype_name(self.matmul_dtype)} matmuls, {_dtype_name(self.dtype)} activations)"
+        return _dtype_name(self.dtype)
 
     @property
     def max_input_length(self) -> int:
@@ -96,7 +117,7 @@ class Engine:
             "model_id": self.model_dir.model_id,
             "model_type": self.model_dir.model_type,
             "model_path": str(self.model_dir.path),
-            "dtype": _dtype_name(self.dtype),
+            "dtype": self.dtype_name,
             "device": str(self.device),
             "attention_backend": self.attention.name,
             "pooling": self.pooling,

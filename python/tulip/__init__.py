@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,7 +11,7 @@ from tulip._native import Client as _NativeClient
 
 __all__ = ["Client"]
 
-Inputs = Union[str, Sequence[str], Sequence[int], Sequence[Sequence[int]]]
+Inputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
 
 
 class Client:

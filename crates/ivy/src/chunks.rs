@@ -49,7 +49,7 @@ mod tests {
     #[test]
     fn nothing_to_split() {
         assert!(split(&[], 8, 8).is_empty());
-        assert_eq!(split(&[1], 8, 8), [0..1]);
+        assert_eq!(split(&[1], 8, 8), vec![Range { start: 0, end: 1 }]);
     }
 
     #[test]

@@ -128,6 +128,9 @@ impl Gateway {
 
     fn check_batch_size(&self, inputs: usize) -> Result<(), IvyError> {
         let max = self.args().max_client_batch_size;
+        if inputs == 0 {
+            return Err(IvyError::Validation("inputs cannot be empty".into()));
+        }
         if inputs > max {
             return Err(IvyError::TooLarge(format!(
                 "{inputs} inputs in one request; this server takes at most {max} (--max-client-batch-size)"

@@ -9,19 +9,16 @@ import torch.nn.functional as F
 
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
+from rose.layers import Linear
 
 
 @dataclass
 class _Layer:
-    qkv_weight: torch.Tensor  # query, key and value fused at load time
-    qkv_bias: torch.Tensor
-    out_weight: torch.Tensor
-    out_bias: torch.Tensor
+    qkv: Linear  # query, key and value fused at load time
+    out: Linear
     attn_norm: tuple[torch.Tensor, torch.Tensor]
-    up_weight: torch.Tensor
-    up_bias: torch.Tensor
-    down_weight: torch.Tensor
-    down_bias: torch.Tensor
+    up: Linear
+    down: Linear
     ffn_norm: tuple[torch.Tensor, torch.Tensor]
 
 
@@ -38,7 +35,14 @@ class Bert:
 
     weight_prefixes = ("bert.", "model.")
 
-    def __init__(self, config: dict, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        matmul_dtype: torch.dtype | None = None,
+    ) -> None:
         if config.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError("only absolute position embeddings are supported for BERT models")
         self.hidden = config["hidden_size"]
@@ -49,6 +53,11 @@ class Bert:
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype).contiguous()
+
+        def linear(prefixes: list[str]) -> Linear:
+            weight = torch.cat([w(f"{p}.weight") for p in prefixes])
+            bias = torch.cat([w(f"{p}.bias") for p in prefixes])
+            return Linear(weight, bias, dtype, matmul_dtype or dtype)
 
         def norm(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
             # Older checkpoints name LayerNorm's parameters gamma and beta.
@@ -64,18 +73,13 @@ class Bert:
         self.layers = []
         for i in range(config["num_hidden_layers"]):
             p = f"encoder.layer.{i}"
-            qkv = [f"{p}.attention.self.{n}" for n in ("query", "key", "value")]
             self.layers.append(
                 _Layer(
-                    qkv_weight=torch.cat([w(f"{n}.weight") for n in qkv]),
-                    qkv_bias=torch.cat([w(f"{n}.bias") for n in qkv]),
-                    out_weight=w(f"{p}.attention.output.dense.weight"),
-                    out_bias=w(f"{p}.attention.output.dense.bias"),
+                    qkv=linear([f"{p}.attention.self.{n}" for n in ("query", "key", "value")]),
+                    out=linear([f"{p}.attention.output.dense"]),
                     attn_norm=norm(f"{p}.attention.output.LayerNorm"),
-                    up_weight=w(f"{p}.intermediate.dense.weight"),
-                    up_bias=w(f"{p}.intermediate.dense.bias"),
-                    down_weight=w(f"{p}.output.dense.weight"),
-                    down_bias=w(f"{p}.output.dense.bias"),
+                    up=linear([f"{p}.intermediate.dense"]),
+                    down=linear([f"{p}.output.dense"]),
                     ffn_norm=norm(f"{p}.output.LayerNorm"),
                 )
             )
@@ -83,12 +87,16 @@ class Bert:
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states."""
         spec = self.attention_spec
-        x = self.word_embeddings[batch.input_ids] + self.position_embeddings[batch.positions] + self.token_type_embedding
+        x = (
+            self.word_embeddings[batch.input_ids]
+            + self.position_embeddings[batch.positions]
+            + self.token_type_embedding
+        )
         x = F.layer_norm(x, (self.hidden,), *self.embed_norm, self.eps)
         for layer in self.layers:
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias).view(-1, 3, spec.num_heads, spec.head_dim)
+            qkv = layer.qkv(x).view(-1, 3, spec.num_heads, spec.head_dim)
             attn = attention(qkv[:, 0], qkv[:, 1], qkv[:, 2]).reshape(-1, self.hidden)
-            x = F.layer_norm(F.linear(attn, layer.out_weight, layer.out_bias) + x, (self.hidden,), *layer.attn_norm, self.eps)
-            h = self.activation(F.linear(x, layer.up_weight, layer.up_bias))
-            x = F.layer_norm(F.linear(h, layer.down_weight, layer.down_bias) + x, (self.hidden,), *layer.ffn_norm, self.eps)
+            x = F.layer_norm(layer.out(attn).add_(x), (self.hidden,), *layer.attn_norm, self.eps)
+            h = self.activation(layer.up(x))
+            x = F.layer_norm(layer.down(h).add_(x), (self.hidden,), *layer.ffn_norm, self.eps)
         return x

@@ -1,0 +1,62 @@
+"""The gRPC API through tulip.Client, against a real ivy-serve process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tulip
+from support import Server, cosines
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> tulip.Client:
+    return tulip.Client(server.grpc)
+
+
+def test_vectors_match_sentence_transformers(client: tulip.Client, texts: list[str], reference: np.ndarray) -> None:
+    vectors = client.embed(texts)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(texts), 384)
+    sims = cosines(vectors, reference)
+    assert sims.min() >= 0.9999, f"worst text: {texts[int(sims.argmin())]!r} at cosine {sims.min()}"
+
+
+def test_token_ids_text_and_single_inputs(client: tulip.Client) -> None:
+    by_text = client.embed(["hello world"])
+    by_ids = client.embed([[101, 7592, 2088, 102]])
+    np.testing.assert_allclose(by_ids, by_text, atol=1e-6)
+    np.testing.assert_allclose(client.embed("hello world"), by_text, atol=1e-6)
+    np.testing.assert_allclose(client.embed([101, 7592, 2088, 102]), by_text, atol=1e-6)
+
+
+def test_dimensions_and_normalize(client: tulip.Client) -> None:
+    raw = client.embed(["some text"], normalize=False)
+    short = client.embed(["some text"], dimensions=32)
+    np.testing.assert_allclose(short[0], raw[0, :32] / np.linalg.norm(raw[0, :32]), atol=1e-6)
+
+
+def test_info_describes_the_model(client: tulip.Client) -> None:
+    info = client.info()
+    assert info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (info["dimensions"], info["max_input_length"], info["pooling"]) == (384, 256, "mean")
+    assert info["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "inputs, kwargs, message",
+    [
+        ([], {}, "cannot be empty"),
+        ([""], {}, "empty string"),
+        ([[101, 99999]], {}, "outside the model's vocabulary"),
+        (["word " * 400], {"truncate": False}, "longer than the model's limit"),
+        (["x"], {"dimensions": 999}, "between 1 and 384"),
+    ],
+)
+def test_bad_input_raises_value_error(client: tulip.Client, inputs: list, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        client.embed(inputs, **kwargs)
+    assert client.embed(["still serving"]).shape == (1, 384)
+
+
+def test_an_unreachable_server_raises_connection_error() -> None:
+    with pytest.raises(ConnectionError):
+        tulip.Client("127.0.0.1:1", timeout=0.5)
