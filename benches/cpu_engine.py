@@ -14,10 +14,11 @@ import platform
 import statistics
 import time
 
-import rose
 import torch
-from corpus import documents
 from sentence_transformers import SentenceTransformer
+
+import rose
+from corpus import documents
 
 
 def main() -> None:

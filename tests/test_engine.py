@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import rose
 import torch
+
+import rose
+from models import save_tiny_bert, transformers_pooled
 from rose.attention import AttentionSpec, create_backend
 from rose.attention.sdpa import length_groups
 from rose.batch import RaggedBatch
@@ -139,31 +141,8 @@ def test_quantization_matches_tulip_encodings() -> None:
     assert quantize_binary(v)[0].tolist() == [0b01011011, 0b01000000]
 
 
-def save_tiny_bert(folder: Path, pooling: str, prefix: str = "") -> None:
-    """A random BertModel saved as a sentence-transformers folder, with MiniLM's tokenizer."""
-    from safetensors.torch import save_file
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(1)
-    config = BertConfig(
-        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
-    )
-    model = BertModel(config).eval()
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    weights = {prefix + k: v.contiguous() for k, v in model.state_dict().items()}
-    (folder / "model.safetensors").unlink()
-    save_file(weights, str(folder / "model.safetensors"))
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    key = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}[pooling]
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({key: True}))
-    (folder / "tokenizer.json").write_bytes((rose.default_model_path() / "tokenizer.json").read_bytes())
-
-
 @pytest.mark.parametrize("pooling, prefix", [("cls", ""), ("mean", "bert.")])
 def test_bert_variants_match_transformers_fp32(tmp_path: Path, pooling: str, prefix: str) -> None:
-    from transformers import AutoModel
-
     # The same random weights twice: ours with the name prefix under test, plain for transformers.
     save_tiny_bert(tmp_path / "ours", pooling, prefix)
     save_tiny_bert(tmp_path / "hf", pooling)
@@ -171,9 +150,6 @@ def test_bert_variants_match_transformers_fp32(tmp_path: Path, pooling: str, pre
     assert engine.pooling == pooling
     sequences = [[101, 2023, 2003, 102], [101, 7592, 102], [101] + list(range(1000, 1100)) + [102]]
     ours = engine.embed_ids(sequences, normalize=False)
-    hf = AutoModel.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    with torch.no_grad():
-        states = [hf(torch.tensor([seq])).last_hidden_state[0] for seq in sequences]
-    expected = torch.stack([s[0] if pooling == "cls" else s.mean(0) for s in states]).numpy()
+    expected = transformers_pooled(tmp_path / "hf", sequences).numpy()
     assert cosines(ours, expected).min() >= 0.9999
     np.testing.assert_allclose(ours, expected, atol=1e-4)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import requests
+
 from support import Server, cosines
 
 THRESHOLD = 0.9999
@@ -68,8 +69,9 @@ def test_normalize_and_matryoshka_dimensions(server: Server, texts: list[str], r
 
 
 def test_token_id_inputs_embed_like_the_text(server: Server, texts: list[str]) -> None:
-    import rose
     from tokenizers import Tokenizer
+
+    import rose
 
     tokenizer = Tokenizer.from_file(str(rose.default_model_path() / "tokenizer.json"))
     tokenizer.no_padding()

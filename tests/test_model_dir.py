@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import requests
 import torch
+
+from models import save_tiny_bert
 from support import Server, cosines, start_server
-from test_engine import save_tiny_bert
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 

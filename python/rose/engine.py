@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -74,7 +75,7 @@ class Engine:
         cls = model_class(self.model_dir.model_type)
         weights = load_weights(self.model_dir.path, cls.weight_prefixes)
         self.model = cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
-        self.attention = create_backend(attention_backend, self.model.attention_spec, self.device)
+        self.use_attention(attention_backend)
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._tokenizer: Any = None
         log.info(
@@ -86,6 +87,11 @@ class Engine:
             self.attention.name,
             self.pooling,
         )
+
+    def use_attention(self, name: str) -> None:
+        """Switches the attention backend: "auto", or a name of rose.attention.BACKENDS."""
+        spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
+        self.attention = create_backend(name, spec, self.device)
 
     @property
     def dimensions(self) -> int:

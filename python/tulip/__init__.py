@@ -32,17 +32,26 @@ class Client:
         dimensions: int | None = None,
         truncate: bool = True,
         prompt_name: str | None = None,
+        encoding: str = "float32",
     ) -> np.ndarray:
-        """Embeds text(s) or token-id list(s); returns float32 [len(inputs), dimensions].
+        """Embeds text(s) or token-id list(s); returns [len(inputs), dimensions] float32, or int8
+        (round(tanh(x) * 127)) or packed sign bits as uint8 [len(inputs), dimensions / 8] with
+        `encoding` int8 or binary.
 
         Texts longer than the model's limit are truncated, as sentence-transformers does, unless
         `truncate` is False (then they raise ValueError)."""
         if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], np.ndarray):
             inputs = [list(map(int, x)) for x in inputs]
-        data, rows, dims = self._native.embed_raw(
-            inputs, normalize=normalize, dimensions=dimensions, truncate=truncate, prompt_name=prompt_name
+        data, rows, _ = self._native.embed_raw(
+            inputs,
+            normalize=normalize,
+            dimensions=dimensions,
+            truncate=truncate,
+            prompt_name=prompt_name,
+            encoding=encoding,
         )
-        return np.frombuffer(data, dtype=np.float32).reshape(rows, dims)
+        dtype = {"float32": np.float32, "int8": np.int8, "binary": np.uint8}[encoding]
+        return np.frombuffer(data, dtype=dtype).reshape(rows, -1)
 
     def info(self) -> dict[str, Any]:
         """The served model: id, type, dtype, device, attention backend, pooling, dimensions, limits."""

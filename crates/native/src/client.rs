@@ -76,8 +76,10 @@ impl Client {
         Ok(Client { runtime, gateway })
     }
 
-    /// Embeds `inputs`; returns (float32 little-endian bytes, rows, dimensions).
-    #[pyo3(signature = (inputs, *, normalize = true, dimensions = None, truncate = true, prompt_name = None))]
+    /// Embeds `inputs`; returns (packed bytes, rows, dimensions). `encoding` is float32
+    /// (little-endian), int8 or binary (bits, most significant first, rows padded to bytes).
+    #[pyo3(signature = (inputs, *, normalize = true, dimensions = None, truncate = true, prompt_name = None, encoding = "float32"))]
+    #[allow(clippy::too_many_arguments)]
     fn embed_raw<'py>(
         &self,
         py: Python<'py>,
@@ -86,7 +88,14 @@ impl Client {
         dimensions: Option<i64>,
         truncate: bool,
         prompt_name: Option<String>,
+        encoding: &str,
     ) -> PyResult<(Bound<'py, PyBytes>, usize, usize)> {
+        let encoding =
+            Encoding::from_str_name(&encoding.to_ascii_uppercase()).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "encoding must be float32, int8 or binary, not {encoding:?}"
+                ))
+            })?;
         let call = EmbedCall {
             inputs: inputs.into_inputs(),
             prompt_name,
@@ -94,7 +103,7 @@ impl Client {
             direction: TruncationDirection::Right,
             normalize,
             dimensions,
-            encoding: Encoding::Float32,
+            encoding,
         };
         let embedded = py
             .detach(|| self.runtime.block_on(self.gateway.embed("python", call)))

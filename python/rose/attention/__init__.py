@@ -7,30 +7,70 @@ import logging
 import torch
 
 from rose.attention.base import AttentionBackend, AttentionSpec, BackendUnavailable
+from rose.attention.fa4 import FlashAttention4Backend
+from rose.attention.flashinfer import FlashInfer3Backend, FlashInferBackend
 from rose.attention.sdpa import SdpaBackend
+from rose.attention.torch_varlen import TorchVarlenBackend
+from rose.batch import RaggedBatch
 
 __all__ = ["AttentionBackend", "AttentionSpec", "BackendUnavailable", "create_backend", "BACKENDS"]
 
 log = logging.getLogger(__name__)
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"sdpa": SdpaBackend}
+BACKENDS: dict[str, type[AttentionBackend]] = {
+    "sdpa": SdpaBackend,
+    "fa2": FlashInferBackend,
+    "fa3": FlashInfer3Backend,
+    "fa4": FlashAttention4Backend,
+    "torch": TorchVarlenBackend,
+}
+
+# The fastest GPU backend by (head_dim, causal), for batches whose mean sequence length is at
+# most the bound. Measured on the H200 with benches/attention.py (see benches/RESULTS.md).
+# Shapes not listed take GPU_ORDER.
+AUTO_TABLE: dict[tuple[int, bool], list[tuple[float, str]]] = {}
+GPU_ORDER = ["fa3", "fa4", "fa2", "torch"]
+
+
+class AutoBackend(AttentionBackend):
+    """Every backend that loads here; each batch goes to the fastest one for its shape."""
+
+    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+        super().__init__(spec, device)
+        table = AUTO_TABLE.get((spec.head_dim, spec.causal), [])
+        wanted = list(dict.fromkeys([name for _, name in table] + GPU_ORDER))
+        self.backends: dict[str, AttentionBackend] = {}
+        reasons = []
+        for name in wanted:
+            try:
+                self.backends[name] = BACKENDS[name](spec, device)
+            except BackendUnavailable as why:
+                reasons.append(f"{name}: {why}")
+                log.info("attention backend %s unavailable: %s", name, why)
+        if not self.backends:
+            raise BackendUnavailable("no attention backend can run here: " + "; ".join(reasons))
+        self.table = [(bound, name) for bound, name in table if name in self.backends]
+        self.fallback = next(iter(self.backends))
+        self.current = self.backends[self.fallback]
+        self.name = "auto(" + ",".join(self.backends) + ")"
+
+    def choose(self, batch: RaggedBatch) -> AttentionBackend:
+        mean_length = batch.num_tokens / max(batch.num_sequences, 1)
+        name = next((name for bound, name in self.table if mean_length <= bound), self.fallback)
+        return self.backends[name]
+
+    def plan(self, batch: RaggedBatch) -> None:
+        self.current = self.choose(batch)
+        self.current.plan(batch)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.current(q, k, v)
 
 
 def create_backend(name: str, spec: AttentionSpec, device: torch.device) -> AttentionBackend:
-    """The backend `name` ("auto" picks the best one that loads here)."""
-    if name != "auto":
-        if name not in BACKENDS:
-            raise ValueError(f"unknown attention backend {name!r}; known: auto, {', '.join(BACKENDS)}")
-        return BACKENDS[name](spec, device)
-    reasons = []
-    for candidate in _auto_order(device):
-        try:
-            return BACKENDS[candidate](spec, device)
-        except BackendUnavailable as why:
-            reasons.append(f"{candidate}: {why}")
-            log.info("attention backend %s unavailable: %s", candidate, why)
-    raise BackendUnavailable("no attention backend can run here: " + "; ".join(reasons))
-
-
-def _auto_order(device: torch.device) -> list[str]:
-    return ["sdpa"] if device.type == "cpu" else [n for n in BACKENDS if n != "sdpa"]
+    """The backend `name`; "auto" picks per batch among those that load here (sdpa on the CPU)."""
+    if name == "auto":
+        return SdpaBackend(spec, device) if device.type == "cpu" else AutoBackend(spec, device)
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; known: auto, {', '.join(BACKENDS)}")
+    return BACKENDS[name](spec, device)

@@ -18,6 +18,7 @@ class AttentionSpec:
     num_kv_heads: int
     head_dim: int
     causal: bool
+    dtype: torch.dtype = torch.float32
 
     @property
     def scale(self) -> float:
@@ -36,6 +37,18 @@ class AttentionBackend(ABC):
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         self.spec = spec
         self.device = device
+
+    @staticmethod
+    def require_cuda(name: str, device: torch.device, spec: AttentionSpec, min_capability: tuple[int, int]) -> None:
+        """Raises BackendUnavailable unless `device` is a GPU of `min_capability` and the model
+        runs in 16-bit floats."""
+        if device.type != "cuda":
+            raise BackendUnavailable(f"{name} runs on a CUDA GPU, not on {device}")
+        capability = torch.cuda.get_device_capability(device)
+        if capability < min_capability:
+            raise BackendUnavailable(f"{name} needs compute capability {min_capability}, this GPU has {capability}")
+        if spec.dtype not in (torch.float16, torch.bfloat16):
+            raise BackendUnavailable(f"{name} needs float16 or bfloat16, not {spec.dtype}")
 
     @abstractmethod
     def plan(self, batch: RaggedBatch) -> None:

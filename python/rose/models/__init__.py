@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from rose.models.bert import Bert
+from rose.models.qwen3 import Qwen3
 
 MODELS: dict[str, type] = {
     "bert": Bert,
+    "qwen3": Qwen3,
 }
 
 

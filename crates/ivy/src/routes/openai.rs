@@ -31,12 +31,15 @@ pub(super) async fn embeddings(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<EmbeddingsRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
-    let base64 = match request.encoding_format.as_deref() {
-        None | Some("float") => false,
-        Some("base64") => true,
+    // int8 and binary are pplx-embed's quantized outputs (see tulip.proto's Encoding).
+    let (encoding, base64) = match request.encoding_format.as_deref() {
+        None | Some("float") => (Encoding::Float32, false),
+        Some("base64") => (Encoding::Float32, true),
+        Some("int8") => (Encoding::Int8, false),
+        Some("binary") => (Encoding::Binary, false),
         Some(other) => {
             return Err(IvyError::Validation(format!(
-                "`encoding_format` must be float or base64, not {other:?}"
+                "`encoding_format` must be float, base64, int8 or binary, not {other:?}"
             )))
         }
     };
@@ -47,17 +50,21 @@ pub(super) async fn embeddings(
         direction: TruncationDirection::Right,
         normalize: true,
         dimensions: request.dimensions,
-        encoding: Encoding::Float32,
+        encoding,
     };
     let embedded = gateway.embed("openai", call).await?;
     let e = &embedded.embeddings;
     let data: Vec<Value> = (0..e.count)
         .map(|i| {
-            let embedding = if base64 {
+            let row = e.row(i);
+            let embedding = match encoding {
                 // OpenAI's base64 is the little-endian float32 bytes, which is how Tulip packs them.
-                Value::from(base64::engine::general_purpose::STANDARD.encode(e.row(i)))
-            } else {
-                Value::from(floats(e.row(i)))
+                Encoding::Float32 if base64 => {
+                    Value::from(base64::engine::general_purpose::STANDARD.encode(row))
+                }
+                Encoding::Float32 => Value::from(floats(row)),
+                Encoding::Int8 => Value::from(row.iter().map(|&b| b as i8).collect::<Vec<_>>()),
+                Encoding::Binary => Value::from(row.to_vec()),
             };
             json!({"object": "embedding", "index": i, "embedding": embedding})
         })

@@ -1,0 +1,39 @@
+"""torch.nn.attention.varlen.varlen_attn: PyTorch's own ragged attention kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rose.attention.base import AttentionBackend, AttentionSpec, BackendUnavailable
+from rose.batch import RaggedBatch
+
+
+class TorchVarlenBackend(AttentionBackend):
+    """varlen_attn has no GQA argument: key and value heads are repeated to the query heads."""
+
+    name = "torch"
+
+    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+        super().__init__(spec, device)
+        self.require_cuda(self.name, device, spec, (8, 0))
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError as why:
+            raise BackendUnavailable(f"this torch ({torch.__version__}) has no varlen_attn") from why
+        self._attend: Callable = varlen_attn
+        self._window = (-1, 0) if spec.causal else (-1, -1)
+        self._groups = spec.num_heads // spec.num_kv_heads
+        self._cu_seqlens = torch.zeros(1, dtype=torch.int32, device=device)
+        self._max_seqlen = 0
+
+    def plan(self, batch: RaggedBatch) -> None:
+        self._cu_seqlens = batch.cu_seqlens
+        self._max_seqlen = batch.max_seqlen
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self._groups > 1:
+            k, v = (t.repeat_interleave(self._groups, dim=1) for t in (k, v))
+        cu, longest = self._cu_seqlens, self._max_seqlen
+        return self._attend(q, k, v, cu, cu, longest, longest, scale=self.spec.scale, window_size=self._window)

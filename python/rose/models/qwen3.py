@@ -1,0 +1,110 @@
+"""The Qwen3 family as embedding models, over one packed ragged batch: the causal kind
+(Qwen3-Embedding: last-token pooling, instruction prompts) and the bidirectional kind of
+pplx-embed (`use_bidirectional_attention`, mean pooling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rose import kernels
+from rose.attention import AttentionBackend, AttentionSpec
+from rose.batch import RaggedBatch
+from rose.layers import Linear
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor
+    qkv: Linear  # q, k and v projections fused at load time
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear  # gate and up projections fused at load time
+    down: Linear
+
+
+def rope_theta(config: dict) -> float:
+    """rope_theta at the top level of config.json, or inside rope_parameters (transformers 5)."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ValueError(f"RoPE scaling {rope_type!r} is not supported")
+    return float(config.get("rope_theta") or params.get("rope_theta") or 10000.0)
+
+
+class Qwen3:
+    """Qwen3Model's decoder stack: final-normed token states for every token of the batch."""
+
+    weight_prefixes = ("model.",)
+
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        matmul_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.hidden = config["hidden_size"]
+        self.eps = config.get("rms_norm_eps", 1e-6)
+        heads, kv_heads = (
+            config["num_attention_heads"],
+            config.get("num_key_value_heads", config["num_attention_heads"]),
+        )
+        head_dim = config.get("head_dim") or self.hidden // heads
+        causal = not config.get("use_bidirectional_attention", False)
+        self.attention_spec = AttentionSpec(heads, kv_heads, head_dim, causal=causal)
+        self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
+        self.rope = kernels.rope_cache(
+            head_dim, config.get("max_position_embeddings", 32768), rope_theta(config), device
+        )
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(device=device, dtype=dtype).contiguous()
+
+        def linear(names: list[str]) -> Linear:
+            bias = None
+            if all(f"{n}.bias" in weights for n in names):
+                bias = torch.cat([w(f"{n}.bias") for n in names])
+            return Linear(torch.cat([w(f"{n}.weight") for n in names]), bias, dtype, matmul_dtype or dtype)
+
+        self.embed_tokens = w("embed_tokens.weight")
+        self.norm = w("norm.weight")
+        self.layers = []
+        for i in range(config["num_hidden_layers"]):
+            p = f"layers.{i}"
+            self.layers.append(
+                _Layer(
+                    input_norm=w(f"{p}.input_layernorm.weight"),
+                    qkv=linear([f"{p}.self_attn.{n}_proj" for n in "qkv"]),
+                    q_norm=w(f"{p}.self_attn.q_norm.weight"),
+                    k_norm=w(f"{p}.self_attn.k_norm.weight"),
+                    o=linear([f"{p}.self_attn.o_proj"]),
+                    post_norm=w(f"{p}.post_attention_layernorm.weight"),
+                    gate_up=linear([f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"]),
+                    down=linear([f"{p}.mlp.down_proj"]),
+                )
+            )
+
+    def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
+        """[tokens] ids -> [tokens, hidden] states after the final norm."""
+        spec = self.attention_spec
+        x = self.embed_tokens[batch.input_ids]
+        residual = x.clone()
+        h = kernels.rmsnorm(x, self.layers[0].input_norm, self.eps)
+        for i, layer in enumerate(self.layers):
+            if i > 0:
+                h = kernels.add_rmsnorm(x, residual, layer.input_norm, self.eps)
+            qkv = layer.qkv(h)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = kernels.rmsnorm(q.reshape(-1, spec.num_heads, spec.head_dim), layer.q_norm, self.eps)
+            k = kernels.rmsnorm(k.reshape(-1, spec.num_kv_heads, spec.head_dim), layer.k_norm, self.eps)
+            kernels.apply_rope(q, k, batch.positions, self.rope)
+            v = v.reshape(-1, spec.num_kv_heads, spec.head_dim)
+            x = layer.o(attention(q, k, v).reshape(-1, self.q_size))
+            h = kernels.add_rmsnorm(x, residual, layer.post_norm, self.eps)
+            x = layer.down(kernels.silu_and_mul(layer.gate_up(h)))
+        return kernels.add_rmsnorm(x, residual, self.norm, self.eps)
