@@ -46,6 +46,7 @@ class FlashInferBackend(AttentionBackend):
         )
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.contiguous() for t in (q, k, v))  # views into the fused QKV projection
         pad = self.head_dim - self.spec.head_dim
         if pad:
             q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))

@@ -33,6 +33,7 @@ class TorchVarlenBackend(AttentionBackend):
         self._max_seqlen = batch.max_seqlen
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.contiguous() for t in (q, k, v))  # views into the fused QKV projection
         if self._groups > 1:
             k, v = (t.repeat_interleave(self._groups, dim=1) for t in (k, v))
         cu, longest = self._cu_seqlens, self._max_seqlen
