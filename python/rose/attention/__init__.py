@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -26,9 +27,15 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 # The fastest GPU backend by (head_dim, causal), for batches whose mean sequence length is at
-# most the bound. Measured on the H200 with benches/attention.py (see benches/RESULTS.md).
+# most the bound. From benches/attention.py on the H200, 2026-11-29 (benches/RESULTS.md): with
+# head_dim 32 (MiniLM), torch's varlen kernel leads up to 512-token sequences and FA4 beyond;
+# with head_dim 128 (Qwen3), FlashInfer FA2 leads on short queries and FA3 from 32 tokens up.
 # Shapes not listed take GPU_ORDER.
-AUTO_TABLE: dict[tuple[int, bool], list[tuple[float, str]]] = {}
+AUTO_TABLE: dict[tuple[int, bool], list[tuple[float, str]]] = {
+    (32, False): [(1024, "torch"), (math.inf, "fa4")],
+    (128, False): [(64, "fa2"), (math.inf, "fa3")],
+    (128, True): [(64, "fa2"), (math.inf, "fa3")],
+}
 GPU_ORDER = ["fa3", "fa4", "fa2", "torch"]
 
 
