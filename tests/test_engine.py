@@ -14,6 +14,7 @@ from models import save_tiny_bert, transformers_pooled
 from rose.attention import AttentionSpec, create_backend
 from rose.attention.sdpa import length_groups
 from rose.batch import RaggedBatch
+from rose.graphs import bucket, sequence_slots, token_bucket
 from rose.pooling import pool, quantize_binary, quantize_int8, shape_vectors
 from support import cosines
 
@@ -153,3 +154,23 @@ def test_bert_variants_match_transformers_fp32(tmp_path: Path, pooling: str, pre
     expected = transformers_pooled(tmp_path / "hf", sequences).numpy()
     assert cosines(ours, expected).min() >= 0.9999
     np.testing.assert_allclose(ours, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "tokens, expected",
+    [(1, 64), (64, 64), (65, 128), (1000, 1024), (1024, 1024), (1025, 1280), (16384, 16384), (16385, 16640)],
+)
+def test_token_buckets_are_multiples_of_64_then_256(tokens: int, expected: int) -> None:
+    assert token_bucket(tokens) == expected
+
+
+def test_sequence_slots_keep_one_for_the_padding() -> None:
+    assert [sequence_slots(n) for n in (1, 2, 3, 4, 5, 9, 512)] == [1, 2, 4, 4, 8, 16, 512]
+    assert bucket(16, 1) == (64, 2) and bucket(64, 7) == (64, 8) and bucket(300, 8) == (320, 16)
+
+
+def test_fidelity_check_passes_the_mixed_path_and_refuses_a_diverging_one() -> None:
+    engine = rose.Engine(device="cpu", dtype="mixed")
+    assert engine.fidelity["worst_cosine"] >= 0.999 and not engine.fidelity["fallbacks"]
+    strict = engine.check_fidelity(threshold=1.01)
+    assert strict["fallbacks"] and strict["fallbacks"][0]["path"].startswith("sdpa, mixed")

@@ -18,39 +18,43 @@ def as_int32(values: Any) -> np.ndarray:
 
 @dataclass
 class RaggedBatch:
-    """Token ids of several sequences, concatenated; `cu_seqlens[i]:cu_seqlens[i+1]` is sequence i."""
+    """Token ids of several sequences, concatenated; `cu_seqlens[i]:cu_seqlens[i+1]` is sequence i.
+    Sequences may be empty (the padding of a CUDA graph's bucket)."""
 
     input_ids: torch.Tensor  # [tokens] int32, on the device
-    positions: torch.Tensor  # [tokens] int32, position of each token in its sequence
-    seq_ids: torch.Tensor  # [tokens] int64, which sequence each token belongs to
     cu_seqlens: torch.Tensor  # [sequences + 1] int32, on the device
-    lengths: list[int]  # on the host, for planning
-    cu_seqlens_host: torch.Tensor  # [sequences + 1] int32, on the host
+    cu_seqlens_host: torch.Tensor  # the same on the host (page-locked on a GPU), for host-side planning
+    max_seqlen: int  # no sequence is longer
+    positions: torch.Tensor  # [tokens] int32, each token's position in its sequence
+    seq_ids: torch.Tensor  # [tokens] int64, each token's sequence
+
+    @classmethod
+    def on_device(
+        cls, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_host: torch.Tensor, max_seqlen: int
+    ) -> RaggedBatch:
+        """Derives positions and sequence ids on the device, so that only ids and offsets travel
+        (and a CUDA graph can capture the derivation)."""
+        index = torch.arange(input_ids.numel(), device=input_ids.device, dtype=torch.int32)
+        seq_ids = torch.searchsorted(cu_seqlens[1:], index, right=True)
+        positions = index - cu_seqlens[seq_ids]
+        return cls(input_ids, cu_seqlens, cu_seqlens_host, max_seqlen, positions, seq_ids)
 
     @classmethod
     def from_host(cls, input_ids: Any, cu_seqlens: Any, device: torch.device) -> RaggedBatch:
+        """A batch from host arrays, copied to `device` (the simple path: CPU, tests)."""
         ids = torch.from_numpy(as_int32(input_ids).copy())
         cu = torch.from_numpy(as_int32(cu_seqlens).copy())
-        lengths = (cu[1:] - cu[:-1]).tolist()
-        seq_ids = torch.repeat_interleave(torch.arange(len(lengths)), cu[1:] - cu[:-1])
-        positions = torch.arange(ids.numel(), dtype=torch.int32) - cu[:-1][seq_ids]
-        return cls(
-            input_ids=ids.to(device, non_blocking=True),
-            positions=positions.to(device, non_blocking=True),
-            seq_ids=seq_ids.to(device, non_blocking=True),
-            cu_seqlens=cu.to(device, non_blocking=True),
-            lengths=lengths,
-            cu_seqlens_host=cu,
-        )
+        longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+        return cls.on_device(ids.to(device), cu.to(device), cu, longest)
 
     @property
     def num_sequences(self) -> int:
-        return len(self.lengths)
+        return int(self.cu_seqlens.numel()) - 1
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
 
     @property
-    def max_seqlen(self) -> int:
-        return max(self.lengths, default=0)
+    def lengths(self) -> list[int]:
+        return (self.cu_seqlens_host[1:] - self.cu_seqlens_host[:-1]).tolist()

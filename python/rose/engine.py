@@ -12,12 +12,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from rose.attention import create_backend
-from rose.batch import RaggedBatch
+from rose.attention import AttentionBackend, create_backend
+from rose.batch import RaggedBatch, as_int32
+from rose.graphs import CudaGraphs, bucket
+from rose.inputs import DeviceInputs
 from rose.lazy import LazyTensor
 from rose.model_dir import POOLING_MODES, ModelDir
 from rose.models import model_class
 from rose.pooling import pool, shape_vectors
+from rose.timeline import StepTimeline
 from rose.weights import load_weights
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,12 @@ class Engine:
         dtype: str | torch.dtype = "auto",
         attention_backend: str = "auto",
         pooling: str | None = None,
+        max_batch_tokens: int | None = None,
+        max_batch_requests: int | None = None,
+        cuda_graphs: str = "lazy",
+        max_cuda_graphs: int = 256,
+        warmup: Sequence[str] = (),
+        verify: bool = True,
     ) -> None:
         self.model_dir = ModelDir.open(model)
         self.device = resolve_device(device)
@@ -72,26 +81,45 @@ class Engine:
         self.pooling = pooling or self.model_dir.pooling
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {self.pooling!r}; use {', '.join(POOLING_MODES)}")
-        cls = model_class(self.model_dir.model_type)
-        weights = load_weights(self.model_dir.path, cls.weight_prefixes)
-        self.model = cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
+        on_gpu = self.device.type == "cuda"
+        self.max_batch_tokens = max_batch_tokens or (16384 if on_gpu else 4096)
+        self.max_batch_requests = max_batch_requests or 512
+        self._cls = model_class(self.model_dir.model_type)
+        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
+        self.model = self._cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
+        del weights
         self.use_attention(attention_backend)
-        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._tokenizer: Any = None
+        self.graphs: CudaGraphs | None = None
+        self.fidelity: dict[str, Any] | None = None
+        if on_gpu:
+            self._copy_stream = torch.cuda.Stream(self.device)
+            self._inputs = DeviceInputs(self.device, *bucket(self.max_batch_tokens, self.max_batch_requests))
+            self._timeline = StepTimeline()
+            self._last_copy: torch.cuda.Event | None = None
+            if cuda_graphs != "off":
+                self.graphs = CudaGraphs(cuda_graphs, max_cuda_graphs, self.attention)
+        for spec in warmup:
+            self._warm(spec)
+        if verify and (on_gpu or self.matmul_dtype != self.dtype):
+            self.fidelity = self.check_fidelity()
         log.info(
-            "ROSE serves %s (%s) on %s in %s with %s attention and %s pooling",
+            "ROSE serves %s (%s) on %s in %s with %s attention, %s pooling and CUDA graphs %s",
             self.model_dir.model_id,
             self.model_dir.model_type,
             self.device,
             self.dtype_name,
             self.attention.name,
             self.pooling,
+            self.graphs.mode if self.graphs else "off",
         )
 
     def use_attention(self, name: str) -> None:
         """Switches the attention backend: "auto", or a name of rose.attention.BACKENDS."""
         spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
         self.attention = create_backend(name, spec, self.device)
+        if getattr(self, "graphs", None) is not None:
+            self.graphs = CudaGraphs(self.graphs.mode, self.graphs.max_graphs, self.attention)
 
     @property
     def dimensions(self) -> int:
@@ -112,10 +140,104 @@ class Engine:
         """Enqueues one packed batch; returns its pooled float32 vectors [sequences, dim] as a
         LazyTensor without waiting for the device. Normalization and truncation are left to the
         caller, since requests packed together may want different shapes."""
-        batch = RaggedBatch.from_host(input_ids, cu_seqlens, self.device)
-        self.attention.plan(batch)
-        hidden = self.model.forward(batch, self.attention)
-        return LazyTensor.from_device(pool(hidden, batch, self.pooling), self._copy_stream)
+        ids, cu = as_int32(input_ids), as_int32(cu_seqlens)
+        if self.device.type != "cuda":
+            batch = RaggedBatch.from_host(ids, cu, self.device)
+            self.attention.plan(batch)
+            return LazyTensor(self._forward(batch, self.attention))
+        return self._step_cuda(ids, cu)
+
+    def _step_cuda(self, ids: np.ndarray, cu: np.ndarray) -> LazyTensor:
+        tokens, sequences = len(ids), len(cu) - 1
+        longest = int(np.diff(cu).max()) if sequences else 0
+        # Graphs share one memory pool: the previous result leaves it before the next replay.
+        if self._last_copy is not None:
+            torch.cuda.current_stream().wait_event(self._last_copy)
+        self._timeline.begin()
+        key = bucket(tokens, sequences)
+        bound = min(key[0], max(self.max_input_length, 256))
+        fits = key[0] <= self._inputs.max_tokens and key[1] <= self._inputs.max_sequences
+        if self.graphs is not None and fits and longest <= bound:
+            batch = self._inputs.fill(ids, cu, key[0], key[1], max_seqlen=bound)
+            attention = self.graphs.attention_for(key, batch)
+            attention.plan(batch)
+            self._inputs.mark_uploaded()
+            pooled = self.graphs.run(key, batch, self._forward)[:sequences]
+        else:
+            if tokens <= self._inputs.max_tokens and sequences <= self._inputs.max_sequences:
+                batch = self._inputs.fill(ids, cu, tokens, sequences, max_seqlen=longest)
+            else:  # larger than the static buffers: a one-off upload
+                batch = RaggedBatch.from_host(ids, cu, self.device)
+            self.attention.plan(batch)
+            self._inputs.mark_uploaded()
+            pooled = self._forward(batch, self.attention)
+        self._timeline.end()
+        lazy = LazyTensor.from_device(pooled, self._copy_stream)
+        self._last_copy = lazy.done
+        return lazy
+
+    def _forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
+        """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
+        return pool(self.model.forward(batch, attention), batch, self.pooling)
+
+    def _warm(self, spec: str) -> None:
+        """Runs (and, with graphs, captures) the bucket `spec`, written TOKENSxSEQUENCES."""
+        try:
+            tokens, sequences = (int(x) for x in spec.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"a warm-up bucket is written TOKENSxSEQUENCES, e.g. 512x8; got {spec!r}") from None
+        lengths = np.full(sequences, max(tokens // sequences, 1), dtype=np.int32)
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        ids = np.full(int(cu[-1]), 100, dtype=np.int32)
+        for _ in range(2):
+            self.step(ids, cu).wait()
+
+    def check_fidelity(self, threshold: float = 0.999) -> dict[str, Any]:
+        """Runs the serving path (backend, dtype, graphs: eager, capture and replay) on a fixed set
+        of sequences against a float32 eager reference of the same weights. A path that diverges
+        by more than 0.1% (cosine under `threshold`) is not served: graphs go off, then the
+        attention backend falls back, and the log says so."""
+        sequences = _fidelity_sequences(int(self.model_dir.config["vocab_size"]), self.max_input_length)
+        reference = self._reference(sequences)
+        fallbacks = []
+        while True:
+            worst = min(float(_cosines(self.embed_ids(sequences, normalize=False), reference).min()) for _ in range(3))
+            path = f"{self.attention.name}, {self.dtype_name}, graphs {self.graphs.mode if self.graphs else 'off'}"
+            if worst >= threshold:
+                break
+            log.warning("the path %s diverges from float32 (worst cosine %.6f); not serving it", path, worst)
+            fallbacks.append({"path": path, "worst_cosine": worst})
+            if self.graphs is not None:
+                self.graphs = None
+            elif self.attention.name != "torch" and self.device.type == "cuda":
+                self.use_attention("torch")
+            else:
+                break
+        log.info(
+            "fidelity check: worst cosine %.6f against float32 over %d sequences (%s)", worst, len(sequences), path
+        )
+        return {"worst_cosine": worst, "threshold": threshold, "path": path, "fallbacks": fallbacks}
+
+    def _reference(self, sequences: list[list[int]]) -> np.ndarray:
+        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
+        model = self._cls(self.model_dir.config, weights, torch.float32, self.device, torch.float32)
+        attention = create_backend("sdpa", dataclasses.replace(model.attention_spec, dtype=torch.float32), self.device)
+        lengths = np.array([len(s) for s in sequences])
+        batch = RaggedBatch.from_host(np.concatenate(sequences), np.concatenate([[0], np.cumsum(lengths)]), self.device)
+        attention.plan(batch)
+        with torch.inference_mode():
+            return pool(model.forward(batch, attention), batch, self.pooling).cpu().numpy()
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's live state, for /info: graphs, fidelity, and the GPU's idle share between
+        the steps finished since the last call."""
+        out: dict[str, Any] = {
+            "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
+            "fidelity": self.fidelity,
+        }
+        if self.device.type == "cuda":
+            out["gpu_idle_fraction"] = self._timeline.take_idle_fraction()
+        return out
 
     def describe(self) -> dict[str, Any]:
         """What Tulip reports about this engine (see tulip::EngineInfo)."""
@@ -130,9 +252,11 @@ class Engine:
             "dimensions": self.dimensions,
             "max_input_length": self.max_input_length,
             "vocab_size": int(self.model_dir.config["vocab_size"]),
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_batch_requests": self.max_batch_requests,
             "tokenizer_json": self.model_dir.tokenizer_json(),
             "template_json": json.dumps(self.model_dir.template()),
-            "engine_json": json.dumps({"normalize_by_default": self.model_dir.normalize}),
+            "engine_json": json.dumps({"normalize_by_default": self.model_dir.normalize, **self.stats()}),
         }
 
     def embed_ids(
@@ -141,15 +265,17 @@ class Engine:
         *,
         normalize: bool = True,
         dimensions: int | None = None,
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int | None = None,
     ) -> np.ndarray:
-        """Embeds token-id sequences in-process, packed into batches of at most max_batch_tokens."""
+        """Embeds token-id sequences in-process, packed into batches of at most max_batch_tokens
+        tokens and max_batch_requests sequences."""
         out = []
-        for chunk in _pack(sequences, max_batch_tokens):
+        budget = max_batch_tokens or self.max_batch_tokens
+        for chunk in _pack(sequences, budget, self.max_batch_requests):
             lengths = np.array([len(s) for s in chunk], dtype=np.int32)
             cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             ids = np.fromiter((t for s in chunk for t in s), dtype=np.int32, count=int(cu[-1]))
-            out.append(torch.from_numpy(self.step(ids, cu).wait()))
+            out.append(torch.from_numpy(self.step(ids, cu).wait().copy()))
         if not out:
             return np.zeros((0, dimensions or self.dimensions), dtype=np.float32)
         return shape_vectors(torch.cat(out), dimensions, normalize).numpy()
@@ -173,10 +299,22 @@ class Engine:
         return self._tokenizer
 
 
-def _pack(sequences: Sequence[Sequence[int]], max_tokens: int) -> list[Sequence[Sequence[int]]]:
+def _fidelity_sequences(vocab: int, max_length: int) -> list[list[int]]:
+    rng = np.random.default_rng(1234)
+    lengths = [1, 3, 8, 16, 17, 32, 64, 100, 128, 200, 256, 300, 400, 512]
+    return [rng.integers(0, vocab, size=min(n, max_length)).tolist() for n in lengths]
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+def _pack(sequences: Sequence[Sequence[int]], max_tokens: int, max_sequences: int) -> list[Sequence[Sequence[int]]]:
     chunks, start, tokens = [], 0, 0
     for i, seq in enumerate(sequences):
-        if tokens + len(seq) > max_tokens and i > start:
+        if (tokens + len(seq) > max_tokens or i - start >= max_sequences) and i > start:
             chunks.append(sequences[start:i])
             start, tokens = i, 0
         tokens += len(seq)

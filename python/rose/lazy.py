@@ -33,6 +33,11 @@ class LazyTensor:
             done.record(copy_stream)
         return cls(host, done)
 
+    @property
+    def done(self) -> torch.cuda.Event | None:
+        """The event that marks the end of the copy (None on the CPU)."""
+        return self._done
+
     def ready(self) -> bool:
         """True once the values are on the host."""
         return self._done is None or self._done.query()

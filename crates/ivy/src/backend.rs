@@ -95,6 +95,11 @@ impl Backend {
         Ok((backend, info))
     }
 
+    /// What the first replica serves now (its engine's live state included).
+    pub async fn info(&self) -> Result<InfoResponse, IvyError> {
+        Ok(self.replicas[0].client.info().await?)
+    }
+
     /// The model's tokenizer, from the first replica.
     pub async fn tokenizer(&self) -> Result<TokenizerResponse, IvyError> {
         Ok(self.replicas[0].client.tokenizer().await?)

@@ -6,7 +6,9 @@ use clap::Args;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
-use tulip::{Batch, Engine, EngineInfo, Pending, Pooled};
+use std::sync::Arc;
+
+use tulip::{Batch, Engine, EngineInfo, Pending, Pooled, Probe, TulipArgs};
 
 /// Flags that choose the model and how ROSE runs it.
 #[derive(Debug, Clone, Args)]
@@ -21,7 +23,8 @@ pub struct EngineArgs {
     #[arg(long, env = "DEVICE", default_value = "auto")]
     pub device: String,
 
-    /// Weights' dtype: auto (bfloat16 on the GPU, float32 on the CPU), float32, bfloat16, float16.
+    /// Weights' dtype: auto (bfloat16 on the GPU, float32 on the CPU), float32, bfloat16, float16,
+    /// or mixed (bfloat16 matmuls, float32 elsewhere: for CPUs with bfloat16 instructions).
     #[arg(long, env = "DTYPE", default_value = "auto")]
     pub dtype: String,
 
@@ -32,6 +35,19 @@ pub struct EngineArgs {
     /// Pooling instead of the model's own: mean, cls or last.
     #[arg(long, env = "POOLING")]
     pub pooling: Option<String>,
+
+    /// Whole-model CUDA graphs: lazy (a bucket's first batch runs eagerly, the second captures,
+    /// later ones replay), eager (capture on first use), or off.
+    #[arg(long, env = "CUDA_GRAPHS", default_value = "lazy")]
+    pub cuda_graphs: String,
+
+    /// Buckets to run (and capture) at start, as TOKENSxSEQUENCES, comma-separated: 64x1,512x8.
+    #[arg(long, env = "WARMUP", value_delimiter = ',')]
+    pub warmup: Vec<String>,
+
+    /// Most CUDA graphs kept; the least recently used goes.
+    #[arg(long, env = "MAX_CUDA_GRAPHS", default_value_t = 256)]
+    pub max_cuda_graphs: usize,
 }
 
 /// A loaded `rose.Engine`.
@@ -45,14 +61,20 @@ pub struct RoseResult {
 }
 
 impl Rose {
-    /// Imports ROSE and loads the model; returns the engine and what it serves.
-    pub fn load(args: &EngineArgs) -> Result<(Rose, EngineInfo), String> {
+    /// Imports ROSE and loads the model, sized for Tulip's batch limits; returns the engine and
+    /// what it serves.
+    pub fn load(args: &EngineArgs, tulip: &TulipArgs) -> Result<(Rose, EngineInfo), String> {
         Python::attach(|py| {
             let kwargs = PyDict::new(py);
             kwargs.set_item("device", &args.device)?;
             kwargs.set_item("dtype", &args.dtype)?;
             kwargs.set_item("attention_backend", &args.attention_backend)?;
             kwargs.set_item("pooling", &args.pooling)?;
+            kwargs.set_item("cuda_graphs", &args.cuda_graphs)?;
+            kwargs.set_item("warmup", &args.warmup)?;
+            kwargs.set_item("max_cuda_graphs", args.max_cuda_graphs)?;
+            kwargs.set_item("max_batch_tokens", tulip.max_batch_tokens)?;
+            kwargs.set_item("max_batch_requests", tulip.max_batch_requests)?;
             let engine = py
                 .import("rose")?
                 .getattr("Engine")?
@@ -83,6 +105,8 @@ fn describe(engine: &Bound<'_, PyAny>) -> PyResult<EngineInfo> {
         dimensions: get("dimensions")?.extract()?,
         max_input_length: get("max_input_length")?.extract()?,
         vocab_size: get("vocab_size")?.extract()?,
+        max_batch_tokens: get("max_batch_tokens")?.extract()?,
+        max_batch_requests: get("max_batch_requests")?.extract()?,
         tokenizer_json: get("tokenizer_json")?.extract()?,
         template_json: get("template_json")?.extract()?,
         engine_json: get("engine_json")?.extract()?,
@@ -91,6 +115,19 @@ fn describe(engine: &Bound<'_, PyAny>) -> PyResult<EngineInfo> {
 
 impl Engine for Rose {
     type Pending = RoseResult;
+
+    fn probe(&self) -> Probe {
+        let engine = Python::attach(|py| self.engine.clone_ref(py));
+        Arc::new(move || {
+            Python::attach(|py| -> PyResult<String> {
+                let stats = engine.bind(py).call_method0("stats")?;
+                py.import("json")?
+                    .call_method1("dumps", (stats,))?
+                    .extract()
+            })
+            .unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()))
+        })
+    }
 
     fn step(&mut self, batch: &Batch) -> Result<RoseResult, String> {
         Python::attach(|py| {

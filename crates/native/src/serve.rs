@@ -103,20 +103,18 @@ fn run(
                 .map_err(|e| e.to_string());
         }
 
+        let grpc_port = tulip.grpc_port;
         let ip: IpAddr = tokio::net::lookup_host((hostname.as_str(), 0))
             .await
             .ok()
             .and_then(|mut addrs| addrs.next())
             .map(|a| a.ip())
             .ok_or_else(|| format!("cannot resolve --hostname {hostname}"))?;
-        let listener = tulip::server::bind(SocketAddr::new(ip, tulip.grpc_port))
+        let listener = tulip::server::bind(SocketAddr::new(ip, grpc_port))
             .await
-            .map_err(|e| format!("cannot listen on {ip}:{}: {e}", tulip.grpc_port))?;
+            .map_err(|e| format!("cannot listen on {ip}:{grpc_port}: {e}"))?;
         let scheduler = tokio::task::spawn_blocking(move || {
-            Scheduler::start(
-                move || Rose::load(&engine),
-                |info| tulip.budget(&info.device),
-            )
+            Scheduler::start(move || Rose::load(&engine, &tulip))
         })
         .await
         .map_err(|e| e.to_string())?

@@ -17,22 +17,17 @@ pub struct TulipArgs {
     #[arg(long, env = "MAX_BATCH_TOKENS")]
     pub max_batch_tokens: Option<usize>,
 
-    /// Most sequences packed into one engine step.
-    #[arg(long, env = "MAX_BATCH_REQUESTS", default_value_t = 512)]
-    pub max_batch_requests: usize,
+    /// Most sequences packed into one engine step (default: 512).
+    #[arg(long, env = "MAX_BATCH_REQUESTS")]
+    pub max_batch_requests: Option<usize>,
 }
 
-impl TulipArgs {
-    /// The batch limits these flags set for an engine on `device`.
-    pub fn budget(&self, device: &str) -> Budget {
-        let default_tokens = if device.starts_with("cuda") {
-            16384
-        } else {
-            4096
-        };
+impl Budget {
+    /// The limits an engine is sized for (the engine applies the flags and its defaults).
+    pub fn of(info: &crate::EngineInfo) -> Budget {
         Budget {
-            max_tokens: self.max_batch_tokens.unwrap_or(default_tokens),
-            max_sequences: self.max_batch_requests,
+            max_tokens: info.max_batch_tokens.max(1),
+            max_sequences: info.max_batch_requests.max(1),
         }
     }
 }

@@ -52,12 +52,21 @@ pub trait Pending: Send + 'static {
     fn wait(self) -> Result<Pooled, String>;
 }
 
+/// Reads an engine's live state (graph memory, fidelity, idle share) as a JSON object; callable
+/// from any thread while the engine thread works.
+pub type Probe = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
 /// An inference engine driven by one thread.
 pub trait Engine: 'static {
     type Pending: Pending;
 
     /// Enqueues the forward pass of `batch`; returns without waiting for the device.
     fn step(&mut self, batch: &Batch) -> Result<Self::Pending, String>;
+
+    /// A probe of the engine's live state; by default the engine has none to report.
+    fn probe(&self) -> Probe {
+        std::sync::Arc::new(|| "{}".to_string())
+    }
 }
 
 /// What the engine serves, as reported by it after loading.
@@ -73,10 +82,13 @@ pub struct EngineInfo {
     pub dimensions: usize,
     pub max_input_length: usize,
     pub vocab_size: usize,
+    /// The batch limits the engine is sized for (Tulip packs under them).
+    pub max_batch_tokens: usize,
+    pub max_batch_requests: usize,
     /// tokenizer.json as published with the model.
     pub tokenizer_json: Vec<u8>,
     /// Prompts and other tokenization settings, as a JSON object (see Ivy's `template`).
     pub template_json: String,
-    /// Engine-specific facts for /info, as a JSON object.
+    /// Engine-specific facts at load, as a JSON object.
     pub engine_json: String,
 }

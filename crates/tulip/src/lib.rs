@@ -19,6 +19,6 @@ pub mod proto {
 
 pub use client::TulipClient;
 pub use config::TulipArgs;
-pub use engine::{Batch, Engine, EngineInfo, Pending, Pooled};
+pub use engine::{Batch, Engine, EngineInfo, Pending, Pooled, Probe};
 pub use error::TulipError;
 pub use scheduler::Scheduler;

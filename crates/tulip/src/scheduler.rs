@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{Batch, Engine, EngineInfo, Pending, Pooled};
+use crate::engine::{Batch, Engine, EngineInfo, Pending, Pooled, Probe};
 use crate::error::TulipError;
 use crate::queue::{take_batch, Budget, Queued};
 
@@ -24,6 +24,7 @@ pub struct Scheduler {
     submit: mpsc::UnboundedSender<Arc<Job>>,
     info: Arc<EngineInfo>,
     budget: Budget,
+    probe: Probe,
 }
 
 /// The vectors of one request, with where its time went.
@@ -38,25 +39,21 @@ pub struct Embedded {
 
 impl Scheduler {
     /// Starts the engine thread, builds the engine on it with `load` (so that thread-bound state
-    /// such as a CUDA stream belongs to it), and returns once the engine is ready. `budget` sets
-    /// the batch limits for the engine loaded.
-    pub fn start<E, F>(
-        load: F,
-        budget: impl FnOnce(&EngineInfo) -> Budget,
-    ) -> Result<Scheduler, TulipError>
+    /// such as a CUDA stream belongs to it), and returns once the engine is ready. Batches are
+    /// packed under the limits the engine reports it is sized for.
+    pub fn start<E, F>(load: F) -> Result<Scheduler, TulipError>
     where
         E: Engine,
         F: FnOnce() -> Result<(E, EngineInfo), String> + Send + 'static,
     {
-        let (budget_tx, budget_rx) = std::sync::mpsc::channel();
         let (submit, incoming) = mpsc::unbounded_channel();
         let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
         thread::Builder::new()
             .name("tulip-engine".into())
             .spawn(move || match load() {
                 Ok((engine, info)) => {
-                    let _ = loaded_tx.send(Ok(info));
-                    let Ok(budget) = budget_rx.recv() else { return };
+                    let budget = Budget::of(&info);
+                    let _ = loaded_tx.send(Ok((info, engine.probe())));
                     let (to_waiter, in_flight) = sync_channel(0);
                     thread::Builder::new()
                         .name("tulip-waiter".into())
@@ -69,16 +66,16 @@ impl Scheduler {
                 }
             })
             .expect("spawn the engine thread");
-        let info = loaded_rx
+        let (info, probe) = loaded_rx
             .recv()
             .map_err(|_| TulipError::Stopped)?
             .map_err(TulipError::Engine)?;
-        let budget = budget(&info);
-        let _ = budget_tx.send(budget);
+        let budget = Budget::of(&info);
         Ok(Scheduler {
             submit,
             info: Arc::new(info),
             budget,
+            probe,
         })
     }
 
@@ -90,6 +87,12 @@ impl Scheduler {
     /// The batch limits the scheduler packs under.
     pub fn budget(&self) -> Budget {
         self.budget
+    }
+
+    /// The engine's live state as a JSON object (may wait for the engine's lock: call it off
+    /// the async executor).
+    pub fn probe(&self) -> String {
+        (self.probe)()
     }
 
     /// True while the engine thread runs.
@@ -327,12 +330,16 @@ mod tests {
         }
     }
 
+    fn sized(max_batch_tokens: usize, max_batch_requests: usize) -> EngineInfo {
+        EngineInfo {
+            max_batch_tokens,
+            max_batch_requests,
+            ..Default::default()
+        }
+    }
+
     fn start(max_tokens: usize) -> Scheduler {
-        let budget = Budget {
-            max_tokens,
-            max_sequences: 4,
-        };
-        Scheduler::start(|| Ok((Echo, EngineInfo::default())), |_| budget).unwrap()
+        Scheduler::start(move || Ok((Echo, sized(max_tokens, 4)))).unwrap()
     }
 
     #[tokio::test]
@@ -397,20 +404,14 @@ mod tests {
         let (release, gate) = std::sync::mpsc::channel();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
-        let budget = Budget {
-            max_tokens: 1,
-            max_sequences: 1,
-        };
         let load = move || {
-            Ok((
-                Gated {
-                    release: gate,
-                    seen: recorded,
-                },
-                EngineInfo::default(),
-            ))
+            let engine = Gated {
+                release: gate,
+                seen: recorded,
+            };
+            Ok((engine, sized(1, 1)))
         };
-        let scheduler = Scheduler::start(load, |_| budget).unwrap();
+        let scheduler = Scheduler::start(load).unwrap();
 
         let first = tokio::spawn({
             let scheduler = scheduler.clone();

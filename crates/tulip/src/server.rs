@@ -72,6 +72,10 @@ impl Tulip for TulipService {
         &self,
         _: Request<proto::InfoRequest>,
     ) -> Result<Response<proto::InfoResponse>, Status> {
+        let scheduler = self.scheduler.clone();
+        let engine_json = tokio::task::spawn_blocking(move || scheduler.probe())
+            .await
+            .map_err(|e| Status::internal(format!("the engine probe failed: {e}")))?;
         let info = self.scheduler.info();
         let budget = self.scheduler.budget();
         Ok(Response::new(proto::InfoResponse {
@@ -87,7 +91,7 @@ impl Tulip for TulipService {
             max_batch_tokens: budget.max_tokens as u32,
             max_batch_requests: budget.max_sequences as u32,
             model_path: info.model_path.clone(),
-            engine_json: info.engine_json.clone(),
+            engine_json,
         }))
     }
 

@@ -70,6 +70,10 @@ class AutoBackend(AttentionBackend):
         self.current = self.choose(batch)
         self.current.plan(batch)
 
+    def for_graph(self, key: tuple[int, int], batch: RaggedBatch) -> AttentionBackend:
+        # A graph keeps the backend chosen for the first batch of its bucket.
+        return self.choose(batch).for_graph(key, batch)
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.current(q, k, v)
 

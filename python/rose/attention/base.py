@@ -54,6 +54,11 @@ class AttentionBackend(ABC):
     def plan(self, batch: RaggedBatch) -> None:
         """Host-side preparation for one batch, shared by every layer."""
 
+    def for_graph(self, key: tuple[int, int], batch: RaggedBatch) -> AttentionBackend:
+        """The instance a CUDA graph of `key` (token bucket, sequence slots) captures and replays.
+        Backends that read everything from device tensors at run time serve every graph."""
+        return self
+
     @abstractmethod
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim] -> [tokens, heads, dim]."""

@@ -21,7 +21,13 @@ class FlashInferBackend(AttentionBackend):
     variant = "fa2"
     min_capability = (8, 0)
 
-    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        device: torch.device,
+        graph_sequences: int | None = None,
+        workspace: torch.Tensor | None = None,
+    ) -> None:
         super().__init__(spec, device)
         self.name = self.variant
         fi = kernels.flashinfer()
@@ -29,8 +35,21 @@ class FlashInferBackend(AttentionBackend):
             raise BackendUnavailable("flashinfer is not installed (pip install flashinfer-python)")
         self.require_cuda(self.name, device, spec, self.min_capability)
         self.head_dim = max(spec.head_dim, _SMALLEST_HEAD_DIM)
-        workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.wrapper = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=self.variant)
+        # Graphs never run at the same time, so their wrappers share one float workspace.
+        self.workspace = (
+            workspace if workspace is not None else torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        )
+        graph_buffers = {}
+        if graph_sequences is not None:
+            # A graph's wrapper reads its plan from fixed buffers; each replay re-plans into them.
+            indptr = [torch.zeros(graph_sequences + 1, dtype=torch.int32, device=device) for _ in range(2)]
+            graph_buffers = {"use_cuda_graph": True, "qo_indptr_buf": indptr[0], "kv_indptr_buf": indptr[1]}
+        self.wrapper = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend=self.variant, **graph_buffers
+        )
+
+    def for_graph(self, key: tuple[int, int], batch: RaggedBatch) -> AttentionBackend:
+        return type(self)(self.spec, self.device, graph_sequences=key[1], workspace=self.workspace)
 
     def plan(self, batch: RaggedBatch) -> None:
         indptr = batch.cu_seqlens_host

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rose.attention.base import AttentionBackend, AttentionSpec, BackendUnavailable
+from rose.attention.base import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 
 
@@ -41,26 +41,26 @@ class _Group:
 
 
 class SdpaBackend(AttentionBackend):
-    """torch.nn.functional.scaled_dot_product_attention on padded groups; runs anywhere."""
+    """torch.nn.functional.scaled_dot_product_attention on padded groups: ROSE's CPU backend, and
+    on a GPU the float32 reference of the fidelity check (too slow to serve there)."""
 
     name = "sdpa"
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
-        if device.type != "cpu":
-            raise BackendUnavailable("sdpa is ROSE's CPU backend; on a GPU use fa2, fa3, fa4 or torch")
         self._groups: list[_Group] = []
         self._scatter: torch.Tensor = torch.empty(0, dtype=torch.long)
 
     def plan(self, batch: RaggedBatch) -> None:
         starts = batch.cu_seqlens_host[:-1].tolist()
+        lengths = batch.lengths
         self._groups = []
         order = []
-        for members in length_groups(batch.lengths):
-            length = batch.lengths[members[0]]
-            slot = torch.arange(length)
-            lens = torch.tensor([batch.lengths[i] for i in members])
-            first = torch.tensor([starts[i] for i in members])
+        for members in length_groups(lengths):
+            length = lengths[members[0]]
+            slot = torch.arange(length, device=self.device)
+            lens = torch.tensor([lengths[i] for i in members], device=self.device)
+            first = torch.tensor([starts[i] for i in members], device=self.device)
             keep = slot[None, :] < lens[:, None]  # [B, L]
             # Padded slots read their sequence's first token; the mask hides them.
             gather = first[:, None] + torch.where(keep, slot[None, :], 0)
@@ -68,11 +68,11 @@ class SdpaBackend(AttentionBackend):
             if not bool(keep.all()):
                 mask = keep[:, None, None, :]
                 if self.spec.causal:
-                    mask = mask & torch.ones(length, length, dtype=torch.bool).tril()[None, None]
+                    mask = mask & torch.ones(length, length, dtype=torch.bool, device=self.device).tril()[None, None]
             self._groups.append(_Group(gather.flatten(), keep.flatten(), mask, len(members), length))
             order.append(gather[keep])
         # Where each group's real output rows go in the packed output.
-        self._scatter = torch.cat(order) if order else torch.empty(0, dtype=torch.long)
+        self._scatter = torch.cat(order) if order else torch.empty(0, dtype=torch.long, device=self.device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         spec = self.spec

@@ -19,7 +19,9 @@ pub(super) async fn health(State(gateway): State<Gateway>) -> Result<StatusCode,
 
 /// Like TEI's /info, plus where the model runs and how.
 pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
-    let info = gateway.info();
+    // Live from Tulip, for the engine's state; what it said at start if it cannot answer now.
+    let live = gateway.backend().info().await.ok();
+    let info = live.as_ref().unwrap_or(gateway.info());
     let args = gateway.args();
     let engine: Value = serde_json::from_str(&info.engine_json).unwrap_or(Value::Null);
     Json(json!({

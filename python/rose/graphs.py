@@ -1,0 +1,126 @@
+"""Whole-model CUDA graphs, captured lazily per bucket: a configuration's first hit runs eagerly
+(warm-up, JIT), its second captures, later hits replay. All graphs share one memory pool; the
+least recently used goes once more than `max_graphs` are kept."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rose.attention import AttentionBackend
+from rose.batch import RaggedBatch
+
+log = logging.getLogger(__name__)
+
+GRAPH_MODES = ("off", "lazy", "eager")
+
+
+def token_bucket(tokens: int, fine: int = 64, coarse: int = 256, switch: int = 1024) -> int:
+    """Tokens padded up to a multiple of `fine` up to `switch`, of `coarse` above."""
+    step = fine if tokens <= switch else coarse
+    return max(step, -(-tokens // step) * step)
+
+
+def sequence_slots(sequences: int) -> int:
+    """Sequence count padded up to a power of two."""
+    return 1 << max(sequences - 1, 0).bit_length()
+
+
+def bucket(tokens: int, sequences: int) -> tuple[int, int]:
+    """The graph configuration of a batch; one slot is kept for the padding tokens' sequence."""
+    return token_bucket(tokens), sequence_slots(sequences + 1)
+
+
+Forward = Callable[[RaggedBatch, AttentionBackend], torch.Tensor]
+
+
+@dataclass
+class _Graph:
+    attention: AttentionBackend
+    hits: int = 0
+    graph: torch.cuda.CUDAGraph | None = None
+    output: torch.Tensor | None = None
+
+
+@dataclass
+class GraphStats:
+    captured: int = 0
+    replays: int = 0
+    eager_runs: int = 0
+    evicted: int = 0
+    pool_bytes: int = 0
+    capture_seconds: float = 0.0
+
+
+class CudaGraphs:
+    """The graphs of one engine, keyed by (token bucket, sequence slots)."""
+
+    def __init__(self, mode: str, max_graphs: int, attention: AttentionBackend) -> None:
+        if mode not in GRAPH_MODES:
+            raise ValueError(f"cuda graphs must be one of {', '.join(GRAPH_MODES)}, not {mode!r}")
+        self.mode = mode
+        self.max_graphs = max_graphs
+        self.base_attention = attention
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
+        self.stats = GraphStats()
+
+    def attention_for(self, key: tuple[int, int], batch: RaggedBatch) -> AttentionBackend:
+        """The attention backend instance that the graph of `key` uses (plan it before `run`)."""
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.graphs[key] = _Graph(self.base_attention.for_graph(key, batch))
+        self.graphs.move_to_end(key)
+        return entry.attention
+
+    def run(self, key: tuple[int, int], batch: RaggedBatch, forward: Forward) -> torch.Tensor:
+        """Runs the model on `batch` (already in the static buffers) through the graph of `key`."""
+        entry = self.graphs[key]
+        if entry.graph is not None:
+            entry.graph.replay()
+            self.stats.replays += 1
+            return entry.output
+        entry.hits += 1
+        if entry.hits == 1:
+            self.stats.eager_runs += 1
+            output = forward(batch, entry.attention)
+            if self.mode == "lazy":
+                return output
+        self._capture(key, entry, batch, forward)
+        entry.graph.replay()
+        return entry.output
+
+    def _capture(self, key: tuple[int, int], entry: _Graph, batch: RaggedBatch, forward: Forward) -> None:
+        start = time.perf_counter()
+        reserved = torch.cuda.memory_reserved()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            entry.output = forward(batch, entry.attention)
+        entry.graph = graph
+        self.stats.pool_bytes += max(torch.cuda.memory_reserved() - reserved, 0)
+        self.stats.captured += 1
+        self.stats.capture_seconds += time.perf_counter() - start
+        log.debug("captured the CUDA graph of %s tokens x %s sequences", *key)
+        while sum(e.graph is not None for e in self.graphs.values()) > self.max_graphs:
+            oldest = next(k for k, e in self.graphs.items() if e.graph is not None)
+            self.graphs.pop(oldest).graph.reset()
+            self.stats.evicted += 1
+
+    def describe(self) -> dict:
+        captured = [k for k, e in self.graphs.items() if e.graph is not None]
+        return {
+            "mode": self.mode,
+            "graphs": len(captured),
+            "max_graphs": self.max_graphs,
+            "pool_bytes": self.stats.pool_bytes,
+            "captures": self.stats.captured,
+            "replays": self.stats.replays,
+            "eager_runs": self.stats.eager_runs,
+            "evicted": self.stats.evicted,
+            "capture_seconds": round(self.stats.capture_seconds, 3),
+        }

@@ -1,0 +1,63 @@
+"""Getting a batch's token ids and offsets onto the GPU without making the host wait.
+
+A copy from pageable memory makes the host wait for the stream to drain, which would stop the
+host from enqueuing batch N+1 while batch N runs. So ids and offsets go through one page-locked
+staging buffer into static device buffers (static so that CUDA graphs can read them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rose.batch import RaggedBatch
+
+
+class DeviceInputs:
+    """Static device buffers for up to `max_tokens` ids and `max_sequences` offsets, filled from a
+    page-locked staging buffer."""
+
+    def __init__(self, device: torch.device, max_tokens: int, max_sequences: int) -> None:
+        self.ids = torch.zeros(max_tokens, dtype=torch.int32, device=device)
+        self.cu_seqlens = torch.zeros(max_sequences + 1, dtype=torch.int32, device=device)
+        self.staging = torch.zeros(max_tokens + max_sequences + 1, dtype=torch.int32, pin_memory=True)
+        self._host = self.staging.numpy()
+        self._uploaded: torch.cuda.Event | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.ids.numel()
+
+    @property
+    def max_sequences(self) -> int:
+        return self.cu_seqlens.numel() - 1
+
+    def fill(
+        self, ids: np.ndarray, cu_seqlens: np.ndarray, tokens: int, sequences: int, max_seqlen: int
+    ) -> RaggedBatch:
+        """Uploads a batch padded to `tokens` tokens and `sequences` sequences: the padding tokens
+        (id 0) form one extra sequence, and the remaining sequences are empty."""
+        real_tokens, real_sequences = len(ids), len(cu_seqlens) - 1
+        if real_tokens > tokens or real_sequences + (tokens > real_tokens) > sequences:
+            raise ValueError(f"{real_tokens} tokens in {real_sequences} sequences do not fit {tokens} in {sequences}")
+        if tokens > self.max_tokens or sequences > self.max_sequences:
+            raise ValueError(f"{tokens} tokens in {sequences} sequences exceed the engine's buffers")
+        # The staging buffer is rewritten only once the previous batch's uploads (and any plan
+        # copies enqueued with them) have left it.
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+        host = self._host
+        host[:real_tokens] = ids
+        host[real_tokens:tokens] = 0
+        cu = host[tokens : tokens + sequences + 1]
+        cu[: real_sequences + 1] = cu_seqlens
+        cu[real_sequences + 1 :] = tokens
+        self.ids[:tokens].copy_(self.staging[:tokens], non_blocking=True)
+        cu_host = self.staging[tokens : tokens + sequences + 1]
+        self.cu_seqlens[: sequences + 1].copy_(cu_host, non_blocking=True)
+        return RaggedBatch.on_device(self.ids[:tokens], self.cu_seqlens[: sequences + 1], cu_host, max_seqlen)
+
+    def mark_uploaded(self) -> None:
+        """Call once every host-to-device copy of the batch (the attention plan's too) is enqueued."""
+        self._uploaded = torch.cuda.Event()
+        self._uploaded.record()

@@ -1,0 +1,79 @@
+"""CUDA graphs and the LazyTensor on the GPU: replays match eager runs for every bucket touched,
+also after a larger batch left its data in the static buffers; the fidelity check falls back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import rose
+from models import save_qwen3
+from rose.graphs import bucket
+from support import cosines
+
+
+def random_batches(rng: np.random.Generator, vocab: int, count: int) -> list[list[list[int]]]:
+    """Batches of random sizes, each sent three times (eager warm-up, capture, replay), the big
+    ones first so that smaller ones replay over their leftovers."""
+    batches = []
+    for _ in range(count):
+        sequences = int(rng.integers(1, 40))
+        lengths = rng.integers(1, 256, size=sequences)
+        batches.append([rng.integers(0, vocab, size=n).tolist() for n in lengths])
+    batches.sort(key=lambda b: -sum(map(len, b)))
+    return [b for b in batches for _ in range(3)]
+
+
+@pytest.mark.parametrize("backend", ["auto", "fa2", "fa3", "fa4", "torch"])
+def test_replays_match_eager_runs_for_every_bucket(backend: str) -> None:
+    graphs = rose.Engine(device="cuda", attention_backend=backend, cuda_graphs="lazy", verify=False)
+    eager = rose.Engine(device="cuda", attention_backend=backend, cuda_graphs="off", verify=False)
+    rng = np.random.default_rng(7)
+    keys = set()
+    for sequences in random_batches(rng, 30522, 12):
+        keys.add(bucket(sum(map(len, sequences)), len(sequences)))
+        got = graphs.embed_ids(sequences, normalize=False)
+        expected = eager.embed_ids(sequences, normalize=False)
+        assert cosines(got, expected).min() >= 0.9999
+    stats = graphs.stats()["cuda_graphs"]
+    assert stats["graphs"] == len(keys) and stats["replays"] >= len(keys)
+
+
+def test_qwen3_replays_match_eager_runs(tmp_path) -> None:
+    folder = save_qwen3(tmp_path / "qwen3", "tiny", bidirectional=False)
+    graphs = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
+    eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
+    for sequences in random_batches(np.random.default_rng(3), 30522, 6):
+        assert cosines(graphs.embed_ids(sequences), eager.embed_ids(sequences)).min() >= 0.9999
+
+
+def test_the_lru_keeps_at_most_max_graphs() -> None:
+    engine = rose.Engine(device="cuda", cuda_graphs="eager", max_cuda_graphs=2, verify=False)
+    for tokens in (64, 128, 192, 256):
+        engine.embed_ids([[101] * (tokens - 1)])
+    stats = engine.stats()["cuda_graphs"]
+    assert stats["graphs"] == 2 and stats["evicted"] == 2 and stats["pool_bytes"] > 0
+
+
+def test_warmup_captures_at_start_and_fidelity_is_reported() -> None:
+    engine = rose.Engine(device="cuda", warmup=["64x1", "512x8"])
+    stats = engine.stats()
+    assert stats["cuda_graphs"]["graphs"] >= 2
+    assert stats["fidelity"]["worst_cosine"] >= 0.999 and "graphs lazy" in stats["fidelity"]["path"]
+
+
+def test_a_diverging_path_is_not_served() -> None:
+    engine = rose.Engine(device="cuda", attention_backend="fa4", verify=False)
+    report = engine.check_fidelity(threshold=1.01)  # nothing can pass: every fallback is tried
+    assert [f["path"].split(",")[0] for f in report["fallbacks"]] == ["fa4", "fa4", "torch"]
+    assert engine.graphs is None and engine.attention.name == "torch"
+
+
+def test_lazy_tensor_waits_on_its_event() -> None:
+    engine = rose.Engine(device="cuda", verify=False)
+    ids = np.random.default_rng(0).integers(1000, 2000, size=16384, dtype=np.int32)
+    lazy = engine.step(ids, np.arange(0, 16385, 128, dtype=np.int32))
+    assert isinstance(lazy.done, torch.cuda.Event)
+    out = lazy.wait()
+    assert lazy.ready() and out.shape == (128, 384) and np.isfinite(out).all()
