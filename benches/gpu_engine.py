@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--backends", default="fa2,fa3,fa4,torch,auto")
     parser.add_argument("--hf-batch", type=int, default=64, help="sequences per padded transformers batch")
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
+    parser.add_argument("--cuda-graphs", default="lazy", help="lazy, eager or off")
     args = parser.parse_args()
 
     rng = random.Random(0)
@@ -63,11 +64,15 @@ def main() -> None:
             folder = save_qwen3(Path(tmp) / f"qwen3-{causal}", "0.6b", bidirectional=not causal)
             flops = model_flops(shape, lengths, causal)
             kind = "causal" if causal else "bidirectional"
-            for name, seconds in rose_times(folder, sequences, args.backends.split(","), args.max_batch_tokens):
+            backends = args.backends.split(",")
+            for name, seconds in rose_times(folder, sequences, backends, args.max_batch_tokens, args.cuda_graphs):
                 rows.append((kind, f"rose {name}", tokens / seconds, flops / seconds / 1e12))
             rows.append((kind, "transformers sdpa (padded)", *hf_rate(folder, sequences, args.hf_batch, flops)))
             torch.cuda.empty_cache()
-    print(f"{args.sequences} sequences of 32-512 tokens ({tokens} tokens), {torch.cuda.get_device_name()}, bf16")
+    print(
+        f"{args.sequences} sequences of 32-512 tokens ({tokens} tokens), {torch.cuda.get_device_name()}, bf16, "
+        f"CUDA graphs {args.cuda_graphs}"
+    )
     print("| kind | engine | tokens/s | TFLOP/s | MFU | vs transformers |")
     print("|---|---|---|---|---|---|")
     for kind, name, rate, tflops in rows:
@@ -75,8 +80,10 @@ def main() -> None:
         print(f"| {kind} | {name} | {rate:,.0f} | {tflops:.0f} | {tflops / PEAK_TFLOPS:.0%} | {rate / base:.2f}x |")
 
 
-def rose_times(folder: Path, sequences: list[list[int]], backends: list[str], max_batch_tokens: int) -> list:
-    engine = rose.Engine(folder, device="cuda")
+def rose_times(
+    folder: Path, sequences: list[list[int]], backends: list[str], max_batch_tokens: int, graphs: str
+) -> list:
+    engine = rose.Engine(folder, device="cuda", cuda_graphs=graphs, verify=False)
     out = []
     for backend in backends:
         engine.use_attention(backend)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,19 +26,6 @@ class RaggedBatch:
     cu_seqlens: torch.Tensor  # [sequences + 1] int32, on the device
     cu_seqlens_host: torch.Tensor  # the same on the host (page-locked on a GPU), for host-side planning
     max_seqlen: int  # no sequence is longer
-    positions: torch.Tensor  # [tokens] int32, each token's position in its sequence
-    seq_ids: torch.Tensor  # [tokens] int64, each token's sequence
-
-    @classmethod
-    def on_device(
-        cls, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_host: torch.Tensor, max_seqlen: int
-    ) -> RaggedBatch:
-        """Derives positions and sequence ids on the device, so that only ids and offsets travel
-        (and a CUDA graph can capture the derivation)."""
-        index = torch.arange(input_ids.numel(), device=input_ids.device, dtype=torch.int32)
-        seq_ids = torch.searchsorted(cu_seqlens[1:], index, right=True)
-        positions = index - cu_seqlens[seq_ids]
-        return cls(input_ids, cu_seqlens, cu_seqlens_host, max_seqlen, positions, seq_ids)
 
     @classmethod
     def from_host(cls, input_ids: Any, cu_seqlens: Any, device: torch.device) -> RaggedBatch:
@@ -45,7 +33,21 @@ class RaggedBatch:
         ids = torch.from_numpy(as_int32(input_ids).copy())
         cu = torch.from_numpy(as_int32(cu_seqlens).copy())
         longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
-        return cls.on_device(ids.to(device), cu.to(device), cu, longest)
+        return cls(ids.to(device), cu.to(device), cu, longest)
+
+    # Positions and sequence ids are derived on the device, on first use inside the forward pass,
+    # so that only ids and offsets travel and a CUDA graph captures the derivation.
+    @functools.cached_property
+    def seq_ids(self) -> torch.Tensor:
+        """[tokens] int64: each token's sequence."""
+        index = torch.arange(self.num_tokens, device=self.input_ids.device, dtype=torch.int32)
+        return torch.searchsorted(self.cu_seqlens[1:], index, right=True)
+
+    @functools.cached_property
+    def positions(self) -> torch.Tensor:
+        """[tokens] int32: each token's position in its sequence."""
+        index = torch.arange(self.num_tokens, device=self.input_ids.device, dtype=torch.int32)
+        return index - self.cu_seqlens[self.seq_ids]
 
     @property
     def num_sequences(self) -> int:

@@ -55,7 +55,7 @@ class DeviceInputs:
         self.ids[:tokens].copy_(self.staging[:tokens], non_blocking=True)
         cu_host = self.staging[tokens : tokens + sequences + 1]
         self.cu_seqlens[: sequences + 1].copy_(cu_host, non_blocking=True)
-        return RaggedBatch.on_device(self.ids[:tokens], self.cu_seqlens[: sequences + 1], cu_host, max_seqlen)
+        return RaggedBatch(self.ids[:tokens], self.cu_seqlens[: sequences + 1], cu_host, max_seqlen)
 
     def mark_uploaded(self) -> None:
         """Call once every host-to-device copy of the batch (the attention plan's too) is enqueued."""

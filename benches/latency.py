@@ -1,0 +1,127 @@
+"""Online latency on the GPU: CUDA graphs against eager runs, in the engine and over HTTP.
+
+    python benches/latency.py [--qwen3 0.6b] [--iterations 300]
+
+Engine: p50/p99 from step() to the vectors on the host, for one 16-token query and for eight
+32-token queries, with --cuda-graphs lazy (warmed: captured) and off. HTTP: the same requests,
+as token ids, to a real ivy-serve on loopback, one at a time; plus the time from starting the
+process to its first answer, with lazy capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+import torch
+
+import rose
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from support import free_port, start_server  # noqa: E402
+
+SHAPES = {"1 x 16 tokens": (1, 16), "8 x 32 tokens": (8, 32)}
+
+
+def engine_latencies(engine: rose.Engine, sequences: int, length: int, iterations: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    cu = np.arange(0, sequences * length + 1, length, dtype=np.int32)
+    batches = [rng.integers(1000, 20000, size=sequences * length, dtype=np.int32) for _ in range(16)]
+    for ids in batches[:4]:  # warm-up: eager run, capture
+        engine.step(ids, cu).wait()
+    torch.cuda.synchronize()
+    out = []
+    for i in range(iterations):
+        start = time.perf_counter()
+        engine.step(batches[i % len(batches)], cu).wait()
+        out.append(time.perf_counter() - start)
+    return np.array(out) * 1000
+
+
+def http_latencies(url: str, sequences: int, length: int, iterations: int) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    session = requests.Session()
+    out = []
+    for i in range(iterations + 8):
+        body = {"input": [rng.integers(1000, 20000, size=length).tolist() for _ in range(sequences)]}
+        start = time.perf_counter()
+        response = session.post(url, json=body, timeout=30)
+        elapsed = time.perf_counter() - start
+        assert response.status_code == 200, response.text
+        if i >= 8:
+            out.append(elapsed)
+    return np.array(out) * 1000
+
+
+def time_to_first_answer(work: Path, folder: Path | None) -> tuple[float, float]:
+    """Seconds from starting ivy-serve until /health answers, and until a first embedding is back."""
+    port, grpc = free_port(), free_port()
+    command = ["ivy-serve", "--hostname", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc)]
+    command += ["--model", str(folder)] if folder else []
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=(work / "first.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if process.poll() is not None or time.perf_counter() - start > 600:
+                raise RuntimeError((work / "first.log").read_text())
+            time.sleep(0.05)
+        ready = time.perf_counter() - start
+        body = {"input": [[1000 + i for i in range(16)]]}
+        assert requests.post(f"http://127.0.0.1:{port}/v1/embeddings", json=body, timeout=60).status_code == 200
+        return ready, time.perf_counter() - start
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--qwen3", choices=["tiny", "0.6b"], help="random Qwen3 of this shape instead of MiniLM")
+    parser.add_argument("--iterations", type=int, default=300)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp())
+    folder = None
+    if args.qwen3:
+        from models import save_qwen3
+
+        folder = save_qwen3(work / f"qwen3-{args.qwen3}", args.qwen3, bidirectional=False)
+    rows = []
+    for graphs in ("lazy", "off"):
+        engine = rose.Engine(folder, device="cuda", cuda_graphs=graphs, verify=False)
+        for name, (n, length) in SHAPES.items():
+            ms = engine_latencies(engine, n, length, args.iterations)
+            rows.append(("engine", graphs, name, np.percentile(ms, 50), np.percentile(ms, 99)))
+        del engine
+        torch.cuda.empty_cache()
+    for graphs in ("lazy", "off"):
+        extra = ["--device", "cuda", "--cuda-graphs", graphs] + (["--model", str(folder)] if folder else [])
+        server = start_server(work, *extra)
+        try:
+            for name, (n, length) in SHAPES.items():
+                ms = http_latencies(f"{server.url}/v1/embeddings", n, length, args.iterations)
+                rows.append(("HTTP", graphs, name, np.percentile(ms, 50), np.percentile(ms, 99)))
+        finally:
+            server.stop()
+    ready, first = time_to_first_answer(work, folder)
+    model = f"Qwen3 {args.qwen3} shape (random weights)" if folder else "all-MiniLM-L6-v2"
+    print(f"{model}, bf16, {torch.cuda.get_device_name()}, {args.iterations} requests each, one at a time")
+    print("| path | CUDA graphs | request | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+    for path, graphs, name, p50, p99 in rows:
+        print(f"| {path} | {graphs} | {name} | {p50:.3f} | {p99:.3f} |")
+    print(f"\nivy-serve start to /health: {ready:.1f} s; to the first embedding: {first:.1f} s (lazy capture)")
+
+
+if __name__ == "__main__":
+    main()

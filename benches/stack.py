@@ -1,0 +1,329 @@
+"""The whole stack against what users would pick instead, in one run.
+
+    python benches/stack.py --quick                    # CPU, all-MiniLM-L6-v2, under a minute
+    python benches/stack.py                            # the default model on the GPU if there is one
+    python benches/stack.py --qwen3 0.6b               # Qwen3-0.6B shape, random weights
+
+Configurations, on the same prose (benches/corpus.py): ROSE alone in-process, the whole stack
+(ivy-serve as a real process) over HTTP and over gRPC, and the model's reference implementation
+(sentence-transformers, or Hugging Face transformers with padded batches for Qwen3). Patterns:
+batch re-indexing (client batches of 32-256 documents of 128-512 tokens, many in flight) and
+online search (one query of 5-30 tokens per request, closed loop at several concurrencies and
+at fixed arrival rates). The time split (tokenization, queue, inference, transfer) comes from
+Ivy's /metrics. Writes report.json and two PNG plots to --out; prints the tables last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import torch
+
+import rose
+import tulip
+from corpus import documents, queries
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from support import Server, start_server  # noqa: E402
+
+SPLIT = ("tokenization", "queue", "inference", "transfer")
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    ms = np.array(latencies) * 1000
+    return {f"p{p}": float(np.percentile(ms, p)) for p in (50, 95, 99)}
+
+
+def scrape(server: Server) -> dict[str, float]:
+    """Ivy's duration histograms' sums and counts."""
+    import requests
+
+    out = {}
+    for line in requests.get(f"{server.url}/metrics", timeout=10).text.splitlines():
+        for part in SPLIT:
+            for suffix in ("_sum", "_count"):
+                name = f"ivy_{part}_duration_seconds{suffix}"
+                if line.startswith(name + " "):
+                    out[part + suffix] = float(line.split()[1])
+    return out
+
+
+def split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean milliseconds per request in each part, between two scrapes."""
+    out = {}
+    for part in SPLIT:
+        count = after.get(part + "_count", 0) - before.get(part + "_count", 0)
+        total = after.get(part + "_sum", 0) - before.get(part + "_sum", 0)
+        out[part] = 1000 * total / count if count else float("nan")
+    return out
+
+
+async def http_closed_loop(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float]]:
+    """Sends `bodies` with `concurrency` requests in flight; returns (seconds, latencies)."""
+    latencies: list[float] = []
+    queue = list(reversed(bodies))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def worker() -> None:
+            while queue:
+                body = queue.pop()
+                start = time.perf_counter()
+                async with session.post(url, json=body) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"{response.status}: {await response.text()}")
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - start, latencies
+
+
+async def http_open_loop(url: str, bodies: list[dict], rate: float) -> tuple[float, list[float]]:
+    """Sends one body every 1/rate seconds whatever the answers; latency counts from the planned
+    send time, so that a stalled server is not hidden (no coordinated omission)."""
+    latencies: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        start = time.perf_counter()
+
+        async def one(i: int, body: dict) -> None:
+            planned = start + i / rate
+            await asyncio.sleep(max(0.0, planned - time.perf_counter()))
+            async with session.post(url, json=body) as response:
+                await response.read()
+            latencies.append(time.perf_counter() - planned)
+
+        await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+        return time.perf_counter() - start, latencies
+
+
+def grpc_closed_loop(address: str, batches: list[list[str]], concurrency: int) -> tuple[float, list[float]]:
+    client = tulip.Client(address)
+    latencies: list[float] = []
+
+    def one(batch: list[str]) -> None:
+        start = time.perf_counter()
+        client.embed(batch, truncate=True)
+        latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, batches))
+    return time.perf_counter() - start, latencies
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up (and, on the GPU, lazy graph capture)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def token_counter(model_dir: rose.ModelDir) -> Callable[[str], int]:
+    """Counts a text's tokens as the model's tokenizer makes them, without truncation."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(model_dir.tokenizer_json().decode())
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return lambda text: len(tokenizer.encode(text).ids)
+
+
+def rose_in_process(folder: Path | None, device: str, docs: list[str], repeats: int) -> float:
+    engine = rose.Engine(folder, device=device)
+    return best_of(lambda: engine.encode(docs), repeats)
+
+
+def reference_seconds(folder: Path | None, device: str, docs: list[str], repeats: int) -> tuple[str, float]:
+    name, encode = reference_encoder(folder, device)
+    seconds = best_of(lambda: encode(docs), repeats)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return name, seconds
+
+
+def reference_encoder(folder: Path | None, device: str) -> tuple[str, Callable[[list[str]], object]]:
+    """The implementation users would pick instead for this model."""
+    path = folder or rose.default_model_path()
+    if (path / "modules.json").is_file():
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(path), device=device)
+        return "sentence-transformers", lambda texts: model.encode(texts, batch_size=64)
+    from tokenizers import Tokenizer
+    from transformers import AutoModel
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.enable_padding()
+    tokenizer.enable_truncation(512)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+
+    def encode(texts: list[str]) -> None:
+        with torch.inference_mode():
+            for i in range(0, len(texts), 64):
+                encodings = tokenizer.encode_batch(texts[i : i + 64])
+                ids = torch.tensor([e.ids for e in encodings], device=device)
+                mask = torch.tensor([e.attention_mask for e in encodings], device=device)
+                model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -1].float().cpu()
+
+    return "transformers (padded)", encode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CPU, small counts, batch pattern and a short online run")
+    parser.add_argument("--model", type=Path, help="model folder (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--qwen3", choices=["tiny", "0.6b"], help="generate a random Qwen3 model of this shape")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--docs", type=int, default=4096)
+    parser.add_argument("--queries", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--rates", type=float, nargs="+", default=[100, 500, 2000])
+    parser.add_argument("--batch-concurrency", type=int, default=16)
+    parser.add_argument("--client-batch", type=int, nargs=2, default=[32, 256], help="documents per request, range")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra ivy-serve flag (repeatable)")
+    args = parser.parse_args()
+    if args.quick:
+        args.device, args.docs, args.queries, args.concurrency, args.rates = "cpu", 128, 200, [1, 16], [50]
+        args.batch_concurrency, args.client_batch = 4, [16, 32]
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp())
+    folder = args.model
+    if args.qwen3:
+        from models import save_qwen3
+
+        folder = save_qwen3(work / f"qwen3-{args.qwen3}", args.qwen3, bidirectional=False)
+
+    model_dir = rose.ModelDir.open(folder)
+    count = token_counter(model_dir)
+    max_doc = min(512, model_dir.max_input_length)
+    docs = documents(args.docs, min(128, max_doc // 2), max_doc, count)
+    doc_tokens = sum(count(d) for d in docs)
+    rng = random.Random(0)
+    client_batches: list[list[str]] = []
+    while sum(map(len, client_batches)) < len(docs):
+        start = sum(map(len, client_batches))
+        client_batches.append(docs[start : start + rng.randint(*args.client_batch)])
+    online = queries(args.queries, 5, 30, count)
+    report: dict = {"device": args.device, "model": model_dir.model_id, "docs": len(docs),
+                    "doc_tokens": doc_tokens, "queries": len(online)}  # fmt: skip
+    print(f"{len(docs)} documents ({doc_tokens} tokens) in {len(client_batches)} client batches; "
+          f"{len(online)} queries; {args.device}; {report['model']}", flush=True)  # fmt: skip
+
+    # In-process: ROSE alone, and the reference implementation.
+    rates = {"rose in-process": doc_tokens / rose_in_process(folder, args.device, docs, repeats=2 if args.quick else 3)}
+    name, seconds = reference_seconds(folder, args.device, docs, repeats=1 if args.quick else 2)
+    rates[name] = doc_tokens / seconds
+
+    # The whole stack, as a real process.
+    server_args = ["--device", args.device, *args.server_arg] + (["--model", str(folder)] if folder else [])
+    server = start_server(work, *server_args)
+    try:
+        url = f"{server.url}/v1/embeddings"
+        bodies = [{"input": b} for b in client_batches]
+        asyncio.run(http_closed_loop(url, bodies[:4], 2))  # warm-up: lazy graphs, connections
+        grpc_closed_loop(server.grpc, client_batches[:4], 2)
+        before = scrape(server)
+        seconds, latencies = asyncio.run(http_closed_loop(url, bodies, args.batch_concurrency))
+        rates["stack over HTTP"] = doc_tokens / seconds
+        report["batch_http"] = {"seconds": seconds, **percentiles(latencies), "split_ms": split(before, scrape(server))}
+        report["gpu_idle_after_batch_http"] = info_idle(server)
+        seconds, latencies = grpc_closed_loop(server.grpc, client_batches, args.batch_concurrency)
+        rates["stack over gRPC"] = doc_tokens / seconds
+        report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
+
+        online_rows = []
+        query_bodies = [{"input": q} for q in online]
+        asyncio.run(http_closed_loop(url, query_bodies[:64], 8))
+        for concurrency in args.concurrency:
+            before = scrape(server)
+            seconds, latencies = asyncio.run(http_closed_loop(url, query_bodies, concurrency))
+            online_rows.append({"load": f"closed loop x{concurrency}", "req_s": len(online) / seconds,
+                                **percentiles(latencies), "split_ms": split(before, scrape(server))})  # fmt: skip
+        for rate in args.rates:
+            n = min(len(query_bodies), int(rate * 4))
+            before = scrape(server)
+            seconds, latencies = asyncio.run(http_open_loop(url, query_bodies[:n], rate))
+            online_rows.append({"load": f"{rate:g} req/s offered", "req_s": n / seconds,
+                                **percentiles(latencies), "split_ms": split(before, scrape(server))})  # fmt: skip
+        report["online_http"] = online_rows
+    finally:
+        server.stop()
+
+    report["batch_tokens_per_s"] = rates
+    report["harness_overhead"] = 1 - rates["stack over HTTP"] / rates["rose in-process"]
+    (args.out / "report.json").write_text(json.dumps(report, indent=1))
+    plot(report, args.out)
+    print_tables(report)
+
+
+def info_idle(server: Server) -> float | None:
+    import requests
+
+    engine = requests.get(f"{server.url}/info", timeout=10).json().get("engine") or {}
+    return engine.get("gpu_idle_fraction")
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["online_http"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in ("p50", "p99"):
+        ax.plot([r["req_s"] for r in rows], [r[p] for r in rows], marker="o", label=p)
+    ax.set(xlabel="requests/s achieved", ylabel="latency (ms)", title=f"online queries over HTTP ({report['device']})")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names, values = list(report["batch_tokens_per_s"]), list(report["batch_tokens_per_s"].values())
+    ax.barh(names, values)
+    ax.set(xlabel="tokens/s", title=f"batch re-indexing ({report['device']})")
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
+
+
+def print_tables(report: dict) -> None:
+    base = report["batch_tokens_per_s"]["rose in-process"]
+    print("\n| batch pattern | tokens/s | vs ROSE in-process |")
+    print("|---|---|---|")
+    for name, rate in report["batch_tokens_per_s"].items():
+        print(f"| {name} | {rate:,.0f} | {rate / base:.0%} |")
+    b = report["batch_http"]
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in b["split_ms"].items())
+    print(f"\nbatch over HTTP: request latency p50 {b['p50']:.1f} ms, p99 {b['p99']:.1f} ms; per request (ms): {parts}")
+    if report.get("gpu_idle_after_batch_http") is not None:
+        print(f"GPU idle between steps during the HTTP batch run: {report['gpu_idle_after_batch_http']:.1%}")
+    print("\n| online load | req/s | p50 ms | p95 ms | p99 ms | tokenize / queue / infer / transfer ms |")
+    print("|---|---|---|---|---|---|")
+    for r in report["online_http"]:
+        s = r["split_ms"]
+        parts = " / ".join(f"{s[k]:.2f}" for k in SPLIT)
+        print(f"| {r['load']} | {r['req_s']:,.0f} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {parts} |")
+    print(f"\nharness overhead at saturation (1 - HTTP / in-process): {report['harness_overhead']:.1%}")
+
+
+if __name__ == "__main__":
+    main()
