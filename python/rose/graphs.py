@@ -99,7 +99,8 @@ class CudaGraphs:
         start = time.perf_counter()
         reserved = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: Tulip's waiter thread may wait on events while this thread captures.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             entry.output = forward(batch, entry.attention)
         entry.graph = graph
         self.stats.pool_bytes += max(torch.cuda.memory_reserved() - reserved, 0)
