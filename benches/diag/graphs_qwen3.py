@@ -35,6 +35,7 @@ try:
         print("http", i, r.status_code, f"{(time.perf_counter()-t)*1000:.1f} ms", flush=True)
 except Exception as ex:
     print("HTTP ERROR", type(ex).__name__, ex)
+    import signal; server.process.send_signal(signal.SIGUSR1); time.sleep(2)
 finally:
     server.stop()
     print(server.log.read_text()[-3000:])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 
 from tulip._native import serve
@@ -12,6 +14,8 @@ from tulip._native import serve
 def main() -> None:
     """Runs the command this process was started as; its flags are documented by --help."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # `kill -USR1 <pid>` prints every Python thread's stack: the engine's, the waiter's.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     name = os.path.basename(sys.argv[0]) or "ivy-serve"
     sys.exit(serve([name, *sys.argv[1:]]))
 
