@@ -10,6 +10,10 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+# Programmatic dependent launch for FlashInfer's kernels: None lets FlashInfer decide (on for
+# Hopper and later), False turns it off.
+ENABLE_PDL: bool | None = None
+
 
 @functools.cache
 def flashinfer() -> ModuleType | None:
@@ -29,7 +33,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension; x is [tokens, dim] or [tokens, heads, dim] (QK-norm)."""
     fi = _fast(x)
     if fi is not None:
-        return fi.norm.rmsnorm(x, weight, eps)
+        return fi.norm.rmsnorm(x, weight, eps, enable_pdl=ENABLE_PDL)
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -38,7 +42,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     """residual += x, then returns RMSNorm(residual). Both tensors may be overwritten."""
     fi = _fast(x)
     if fi is not None:
-        fi.norm.fused_add_rmsnorm(x, residual, weight, eps)
+        fi.norm.fused_add_rmsnorm(x, residual, weight, eps, enable_pdl=ENABLE_PDL)
         return x
     residual.add_(x)
     return rmsnorm(residual, weight, eps)
@@ -48,7 +52,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU of the first half of the last dimension times its second half."""
     fi = _fast(x)
     if fi is not None:
-        return fi.activation.silu_and_mul(x)
+        return fi.activation.silu_and_mul(x, enable_pdl=ENABLE_PDL)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
