@@ -97,10 +97,11 @@ class CudaGraphs:
 
     def _capture(self, key: tuple[int, int], entry: _Graph, batch: RaggedBatch, forward: Forward) -> None:
         start = time.perf_counter()
-        reserved = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
         # thread_local: Tulip's waiter thread may wait on events while this thread captures.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            # Read inside: entering the capture empties the allocator's cache first.
+            reserved = torch.cuda.memory_reserved()
             entry.output = forward(batch, entry.attention)
         entry.graph = graph
         self.stats.pool_bytes += max(torch.cuda.memory_reserved() - reserved, 0)

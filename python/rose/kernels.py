@@ -26,7 +26,12 @@ def flashinfer() -> ModuleType | None:
 
 
 def _fast(x: torch.Tensor) -> ModuleType | None:
-    return flashinfer() if x.is_cuda else None
+    # FlashInfer's norm, RoPE and activation kernels run eagerly only: captured into a CUDA graph
+    # on the H200 they replayed wrong results (benches/diag/graphs_qwen3.py), so a graph gets the
+    # torch versions, which the graph's single launch spares their launch overhead.
+    if not x.is_cuda or torch.cuda.is_current_stream_capturing():
+        return None
+    return flashinfer()
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -8,11 +8,15 @@ import torch
 
 
 class StepTimeline:
-    """Events recorded at the start and end of each step's GPU work."""
+    """Events recorded at the start and end of each step's GPU work. Only the engine's thread
+    touches the events; other threads read plain numbers."""
 
-    def __init__(self, keep: int = 1024) -> None:
-        self._steps: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=keep)
+    def __init__(self) -> None:
+        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
         self._start: torch.cuda.Event | None = None
+        self._last_end: torch.cuda.Event | None = None
+        self._busy_ms = 0.0
+        self._span_ms = 0.0
 
     def begin(self) -> None:
         self._start = torch.cuda.Event(enable_timing=True)
@@ -21,16 +25,20 @@ class StepTimeline:
     def end(self) -> None:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self._steps.append((self._start, end))
+        self._pending.append((self._start, end))
+        self._collect()
+
+    def _collect(self) -> None:
+        while self._pending and self._pending[0][1].query():
+            start, end = self._pending.popleft()
+            busy = start.elapsed_time(end)
+            self._busy_ms += busy
+            # From the previous step's end: the gap before this step, then its work.
+            self._span_ms += self._last_end.elapsed_time(end) if self._last_end is not None else busy
+            self._last_end = end
 
     def take_idle_fraction(self) -> float | None:
-        """The share of time between the first and the last finished step since the last call
-        that the GPU spent between steps; those steps are then forgotten."""
-        done = []
-        while self._steps and self._steps[0][1].query():
-            done.append(self._steps.popleft())
-        if len(done) < 2:
-            return None
-        busy = sum(start.elapsed_time(end) for start, end in done)
-        span = done[0][0].elapsed_time(done[-1][1])
+        """The share of GPU time spent between the steps finished since the last call."""
+        busy, span = self._busy_ms, self._span_ms
+        self._busy_ms = self._span_ms = 0.0
         return max(0.0, 1.0 - busy / span) if span > 0 else None

@@ -40,12 +40,14 @@ def test_replays_match_eager_runs_for_every_bucket(backend: str) -> None:
     assert stats["graphs"] == len(keys) and stats["replays"] >= len(keys)
 
 
-def test_qwen3_replays_match_eager_runs(tmp_path) -> None:
-    folder = save_qwen3(tmp_path / "qwen3", "tiny", bidirectional=False)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_qwen3_replays_match_eager_runs(tmp_path, bidirectional: bool) -> None:
+    folder = save_qwen3(tmp_path / "qwen3", "tiny", bidirectional=bidirectional)
     graphs = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
     eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
+    # Graphs run torch's norm, RoPE and activation where eager runs FlashInfer's: rounding differs.
     for sequences in random_batches(np.random.default_rng(3), 30522, 6):
-        assert cosines(graphs.embed_ids(sequences), eager.embed_ids(sequences)).min() >= 0.9999
+        assert cosines(graphs.embed_ids(sequences), eager.embed_ids(sequences)).min() >= 0.999
 
 
 def test_the_lru_keeps_at_most_max_graphs() -> None:
@@ -53,7 +55,7 @@ def test_the_lru_keeps_at_most_max_graphs() -> None:
     for tokens in (64, 128, 192, 256):
         engine.embed_ids([[101] * (tokens - 1)])
     stats = engine.stats()["cuda_graphs"]
-    assert stats["graphs"] == 2 and stats["evicted"] == 2 and stats["pool_bytes"] > 0
+    assert stats["graphs"] == 2 and stats["evicted"] == 2 and stats["captures"] == 4 and stats["pool_bytes"] > 0
 
 
 def test_warmup_captures_at_start_and_fidelity_is_reported() -> None:

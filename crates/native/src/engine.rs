@@ -116,6 +116,12 @@ fn describe(engine: &Bound<'_, PyAny>) -> PyResult<EngineInfo> {
 impl Engine for Rose {
     type Pending = RoseResult;
 
+    fn run_thread<F: FnOnce() + Send>(body: F) {
+        // One Python thread state for the thread's whole life (torch keeps per-thread state);
+        // the GIL is let go except while ROSE runs, since step and wait take it back.
+        Python::attach(|py| py.detach(body))
+    }
+
     fn probe(&self) -> Probe {
         let engine = Python::attach(|py| self.engine.clone_ref(py));
         Arc::new(move || {

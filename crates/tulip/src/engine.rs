@@ -67,6 +67,15 @@ pub trait Engine: 'static {
     fn probe(&self) -> Probe {
         std::sync::Arc::new(|| "{}".to_string())
     }
+
+    /// Runs a thread of the scheduler (the engine's, the waiter's) from start to end; an engine
+    /// whose runtime keeps per-thread state (Python's) sets it up here once per thread.
+    fn run_thread<F: FnOnce() + Send>(body: F)
+    where
+        Self: Sized,
+    {
+        body()
+    }
 }
 
 /// What the engine serves, as reported by it after loading.

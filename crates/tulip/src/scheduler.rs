@@ -50,20 +50,24 @@ impl Scheduler {
         let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
         thread::Builder::new()
             .name("tulip-engine".into())
-            .spawn(move || match load() {
-                Ok((engine, info)) => {
-                    let budget = Budget::of(&info);
-                    let _ = loaded_tx.send(Ok((info, engine.probe())));
-                    let (to_waiter, in_flight) = sync_channel(0);
-                    thread::Builder::new()
-                        .name("tulip-waiter".into())
-                        .spawn(move || waiter_loop::<E::Pending>(in_flight))
-                        .expect("spawn the waiter thread");
-                    engine_loop(engine, incoming, budget, to_waiter);
-                }
-                Err(err) => {
-                    let _ = loaded_tx.send(Err(err));
-                }
+            .spawn(move || {
+                E::run_thread(move || match load() {
+                    Ok((engine, info)) => {
+                        let budget = Budget::of(&info);
+                        let _ = loaded_tx.send(Ok((info, engine.probe())));
+                        let (to_waiter, in_flight) = sync_channel(0);
+                        thread::Builder::new()
+                            .name("tulip-waiter".into())
+                            .spawn(move || {
+                                E::run_thread(move || waiter_loop::<E::Pending>(in_flight))
+                            })
+                            .expect("spawn the waiter thread");
+                        engine_loop(engine, incoming, budget, to_waiter);
+                    }
+                    Err(err) => {
+                        let _ = loaded_tx.send(Err(err));
+                    }
+                })
             })
             .expect("spawn the engine thread");
         let (info, probe) = loaded_rx
