@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[], help="extra ivy-serve flag (repeatable)")
     args = parser.parse_args()
     if args.quick:
-        args.device, args.docs, args.queries, args.concurrency, args.rates = "cpu", 128, 200, [1, 16], [50]
+        args.device, args.docs, args.queries, args.concurrency, args.rates = "cpu", 128, 150, [1, 16], [50]
         args.batch_concurrency, args.client_batch = 4, [16, 32]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp())
@@ -265,6 +265,13 @@ def main() -> None:
             online_rows.append({"load": f"{rate:g} req/s offered", "req_s": n / seconds,
                                 **percentiles(latencies), "split_ms": split(before, scrape(server))})  # fmt: skip
         report["online_http"] = online_rows
+        grpc_rows = []
+        for concurrency in args.concurrency[:2]:
+            seconds, latencies = grpc_closed_loop(server.grpc, [[q] for q in online], concurrency)
+            grpc_rows.append(
+                {"load": f"closed loop x{concurrency}", "req_s": len(online) / seconds, **percentiles(latencies)}
+            )
+        report["online_grpc"] = grpc_rows
     finally:
         server.stop()
 
@@ -288,10 +295,11 @@ def plot(report: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report["online_http"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for p in ("p50", "p99"):
-        ax.plot([r["req_s"] for r in rows], [r[p] for r in rows], marker="o", label=p)
+    for kind, marker in (("closed loop", "o"), ("offered", "s")):
+        rows = sorted((r for r in report["online_http"] if kind in r["load"]), key=lambda r: r["req_s"])
+        for p in ("p50", "p99"):
+            ax.plot([r["req_s"] for r in rows], [r[p] for r in rows], marker=marker, label=f"{p}, {kind}")
     ax.set(xlabel="requests/s achieved", ylabel="latency (ms)", title=f"online queries over HTTP ({report['device']})")
     ax.set_yscale("log")
     ax.legend()
@@ -322,6 +330,10 @@ def print_tables(report: dict) -> None:
         s = r["split_ms"]
         parts = " / ".join(f"{s[k]:.2f}" for k in SPLIT)
         print(f"| {r['load']} | {r['req_s']:,.0f} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {parts} |")
+    print("\n| online load over gRPC | req/s | p50 ms | p95 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+    for r in report["online_grpc"]:
+        print(f"| {r['load']} | {r['req_s']:,.0f} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} |")
     print(f"\nharness overhead at saturation (1 - HTTP / in-process): {report['harness_overhead']:.1%}")
 
 
