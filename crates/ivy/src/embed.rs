@@ -126,7 +126,8 @@ impl Gateway {
         Ok(ids)
     }
 
-    fn check_batch_size(&self, inputs: usize) -> Result<(), IvyError> {
+    /// Rejects a request with no inputs, or more than `--max-client-batch-size`.
+    pub(crate) fn check_batch_size(&self, inputs: usize) -> Result<(), IvyError> {
         let max = self.args().max_client_batch_size;
         if inputs == 0 {
             return Err(IvyError::Validation("inputs cannot be empty".into()));

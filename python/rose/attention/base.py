@@ -62,3 +62,13 @@ class AttentionBackend(ABC):
     @abstractmethod
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
+
+
+class OffsetsOnDeviceBackend(AttentionBackend):
+    """A backend whose kernel reads the batch's offsets from the device when it runs: planning
+    only remembers the batch, and one instance serves every CUDA graph."""
+
+    batch: RaggedBatch | None = None
+
+    def plan(self, batch: RaggedBatch) -> None:
+        self.batch = batch

@@ -6,11 +6,10 @@ from collections.abc import Callable
 
 import torch
 
-from rose.attention.base import AttentionBackend, AttentionSpec, BackendUnavailable
-from rose.batch import RaggedBatch
+from rose.attention.base import AttentionSpec, BackendUnavailable, OffsetsOnDeviceBackend
 
 
-class FlashAttention4Backend(AttentionBackend):
+class FlashAttention4Backend(OffsetsOnDeviceBackend):
     """flash_attn.cute.flash_attn_varlen_func; GQA natively."""
 
     name = "fa4"
@@ -23,22 +22,17 @@ class FlashAttention4Backend(AttentionBackend):
         except ImportError as why:
             raise BackendUnavailable(f"flash-attn-4 does not import: {why}") from why
         self._attend: Callable = flash_attn_varlen_func
-        self._cu_seqlens = torch.zeros(1, dtype=torch.int32, device=device)
-        self._max_seqlen = 0
-
-    def plan(self, batch: RaggedBatch) -> None:
-        self._cu_seqlens = batch.cu_seqlens
-        self._max_seqlen = batch.max_seqlen
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cu, longest = self.batch.cu_seqlens, self.batch.max_seqlen
         out, _ = self._attend(
             q,
             k,
             v,
-            cu_seqlens_q=self._cu_seqlens,
-            cu_seqlens_k=self._cu_seqlens,
-            max_seqlen_q=self._max_seqlen,
-            max_seqlen_k=self._max_seqlen,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=longest,
+            max_seqlen_k=longest,
             softmax_scale=self.spec.scale,
             causal=self.spec.causal,
         )

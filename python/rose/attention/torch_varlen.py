@@ -6,11 +6,10 @@ from collections.abc import Callable
 
 import torch
 
-from rose.attention.base import AttentionBackend, AttentionSpec, BackendUnavailable
-from rose.batch import RaggedBatch
+from rose.attention.base import AttentionSpec, BackendUnavailable, OffsetsOnDeviceBackend
 
 
-class TorchVarlenBackend(AttentionBackend):
+class TorchVarlenBackend(OffsetsOnDeviceBackend):
     """varlen_attn has no GQA argument: key and value heads are repeated to the query heads."""
 
     name = "torch"
@@ -25,16 +24,10 @@ class TorchVarlenBackend(AttentionBackend):
         self._attend: Callable = varlen_attn
         self._window = (-1, 0) if spec.causal else (-1, -1)
         self._groups = spec.num_heads // spec.num_kv_heads
-        self._cu_seqlens = torch.zeros(1, dtype=torch.int32, device=device)
-        self._max_seqlen = 0
-
-    def plan(self, batch: RaggedBatch) -> None:
-        self._cu_seqlens = batch.cu_seqlens
-        self._max_seqlen = batch.max_seqlen
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = (t.contiguous() for t in (q, k, v))  # views into the fused QKV projection
         if self._groups > 1:
             k, v = (t.repeat_interleave(self._groups, dim=1) for t in (k, v))
-        cu, longest = self._cu_seqlens, self._max_seqlen
+        cu, longest = self.batch.cu_seqlens, self.batch.max_seqlen
         return self._attend(q, k, v, cu, cu, longest, longest, scale=self.spec.scale, window_size=self._window)

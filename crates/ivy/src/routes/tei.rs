@@ -89,13 +89,7 @@ pub(super) async fn tokenize(
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if texts.len() > gateway.args().max_client_batch_size {
-        return Err(IvyError::TooLarge(format!(
-            "{} inputs in one request; this server takes at most {} (--max-client-batch-size)",
-            texts.len(),
-            gateway.args().max_client_batch_size
-        )));
-    }
+    gateway.check_batch_size(texts.len())?;
     let tokens = try_join_all(
         texts
             .into_iter()
