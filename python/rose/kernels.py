@@ -1,6 +1,7 @@
-"""Fused kernels of the decoder models: FlashInfer's on the GPU, plain torch elsewhere (the CPU,
-or a GPU without FlashInfer). The torch versions follow Hugging Face's arithmetic (float32
-inside, the model's dtype outside) and are the reference the FlashInfer ones are tested against."""
+"""Fused kernels of the decoder models: FlashInfer's on the GPU, Triton's inside CUDA graph
+capture, plain torch elsewhere (the CPU, or a GPU without either). The torch versions follow
+Hugging Face's arithmetic (float32 inside, the model's dtype outside) and are the reference the
+others are tested against."""
 
 from __future__ import annotations
 
@@ -25,39 +26,60 @@ def flashinfer() -> ModuleType | None:
     return module
 
 
+@functools.cache
+def triton_kernels() -> ModuleType | None:
+    """ROSE's Triton kernels, when Triton imports."""
+    try:
+        from rose import triton_kernels as module
+    except ImportError:
+        return None
+    return module
+
+
 def _fast(x: torch.Tensor) -> ModuleType | None:
+    """FlashInfer, unless x is off the GPU or a CUDA graph is being captured."""
     # FlashInfer's norm, RoPE and activation kernels run eagerly only: captured into a CUDA graph
-    # on the H200 they replayed wrong results (benches/diag/graphs_qwen3.py), so a graph gets the
-    # torch versions, which the graph's single launch spares their launch overhead.
+    # on the H200 they replayed wrong results (benches/diag/graphs_qwen3.py).
     if not x.is_cuda or torch.cuda.is_current_stream_capturing():
         return None
     return flashinfer()
 
 
+def _captured(x: torch.Tensor) -> ModuleType | None:
+    """The Triton kernels while a CUDA graph is being captured."""
+    return triton_kernels() if x.is_cuda and torch.cuda.is_current_stream_capturing() else None
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension; x is [tokens, dim] or [tokens, heads, dim] (QK-norm)."""
-    fi = _fast(x)
+    fi, tr = _fast(x), _captured(x)
     if fi is not None:
         return fi.norm.rmsnorm(x, weight, eps, enable_pdl=ENABLE_PDL)
+    if tr is not None:
+        return tr.rmsnorm(x, weight, eps)
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """residual += x, then returns RMSNorm(residual). Both tensors may be overwritten."""
-    fi = _fast(x)
+    fi, tr = _fast(x), _captured(x)
     if fi is not None:
         fi.norm.fused_add_rmsnorm(x, residual, weight, eps, enable_pdl=ENABLE_PDL)
         return x
+    if tr is not None:
+        return tr.add_rmsnorm(x, residual, weight, eps)
     residual.add_(x)
     return rmsnorm(residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU of the first half of the last dimension times its second half."""
-    fi = _fast(x)
+    fi, tr = _fast(x), _captured(x)
     if fi is not None:
         return fi.activation.silu_and_mul(x, enable_pdl=ENABLE_PDL)
+    if tr is not None:
+        return tr.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -72,12 +94,15 @@ def rope_cache(head_dim: int, max_positions: int, theta: float, device: torch.de
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> None:
     """Rotates q [tokens, heads, dim] and k [tokens, kv_heads, dim] in place (NeoX halves), each
     token by its own position in its sequence."""
-    fi = _fast(q)
+    fi, tr = _fast(q), _captured(q)
     head_dim = q.shape[-1]
     if fi is not None:
         fi.rope.apply_rope_with_cos_sin_cache_inplace(
             positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), head_dim, cache, is_neox=True
         )
+        return
+    if tr is not None:
+        tr.apply_rope(q, k, positions, cache)
         return
     cos, sin = cache[positions.long()].chunk(2, dim=-1)
     cos, sin = torch.cat([cos, cos], -1)[:, None, :], torch.cat([sin, sin], -1)[:, None, :]

@@ -45,7 +45,7 @@ def test_qwen3_replays_match_eager_runs(tmp_path, bidirectional: bool) -> None:
     folder = save_qwen3(tmp_path / "qwen3", "tiny", bidirectional=bidirectional)
     graphs = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
     eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
-    # Graphs run torch's norm, RoPE and activation where eager runs FlashInfer's: rounding differs.
+    # Graphs run Triton's norm, RoPE and activation where eager runs FlashInfer's: rounding differs.
     for sequences in random_batches(np.random.default_rng(3), 30522, 6):
         assert cosines(graphs.embed_ids(sequences), eager.embed_ids(sequences)).min() >= 0.999
 
