@@ -30,7 +30,8 @@ def _rmsnorm(x_ptr, residual_ptr, weight_ptr, out_ptr, dim, eps, ADD: tl.constex
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension of a contiguous x."""
+    """RMSNorm over the last dimension (x may be a view, such as q out of the fused projection)."""
+    x = x.contiguous()
     out = torch.empty_like(x)
     dim = x.shape[-1]
     _rmsnorm[(x.numel() // dim,)](x, x, weight, out, dim, eps, ADD=False, BLOCK=triton.next_power_of_2(dim))
@@ -38,7 +39,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """residual += x, then x = RMSNorm(residual), in place (FlashInfer's fused_add_rmsnorm)."""
+    """residual += x, then x = RMSNorm(residual), in place (FlashInfer's fused_add_rmsnorm);
+    returns x."""
+    assert x.is_contiguous() and residual.is_contiguous()
     dim = x.shape[-1]
     _rmsnorm[(x.numel() // dim,)](x, residual, weight, x, dim, eps, ADD=True, BLOCK=triton.next_power_of_2(dim))
     return x
@@ -57,6 +60,7 @@ def _silu_and_mul(x_ptr, out_ptr, width, BLOCK: tl.constexpr):
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU of the first half of the last dimension times its second half."""
+    x = x.contiguous()
     width = x.shape[-1] // 2
     out = torch.empty(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(width))
@@ -82,6 +86,7 @@ def _rope(t_ptr, positions_ptr, cache_ptr, heads, HALF: tl.constexpr):
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> None:
     """Rotates contiguous q [tokens, heads, dim] and k [tokens, kv_heads, dim] in place (NeoX
     halves) by each token's position; `cache` is [positions, dim] float32, cos then sin."""
+    assert q.is_contiguous() and k.is_contiguous()
     half = q.shape[-1] // 2
     for t in (q, k):
         _rope[(t.shape[0], t.shape[1])](t, positions, cache, t.shape[1], HALF=half)
