@@ -1,5 +1,5 @@
 """Fused kernels of the decoder models: FlashInfer's on the GPU, Triton's inside CUDA graph
-capture, plain torch elsewhere (the CPU, or a GPU without either). The torch versions follow
+capture (or without FlashInfer), plain torch elsewhere (the CPU, or a GPU without either). The torch versions follow
 Hugging Face's arithmetic (float32 inside, the model's dtype outside) and are the reference the
 others are tested against."""
 
@@ -46,8 +46,11 @@ def _fast(x: torch.Tensor) -> ModuleType | None:
 
 
 def _captured(x: torch.Tensor) -> ModuleType | None:
-    """The Triton kernels while a CUDA graph is being captured."""
-    return triton_kernels() if x.is_cuda and torch.cuda.is_current_stream_capturing() else None
+    """The Triton kernels on the GPU where FlashInfer's are not used: while a CUDA graph is
+    being captured, or without FlashInfer."""
+    if not x.is_cuda or (flashinfer() is not None and not torch.cuda.is_current_stream_capturing()):
+        return None
+    return triton_kernels()
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
