@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rose import fidelity
 from rose.attention import AttentionBackend, create_backend
 from rose.batch import RaggedBatch, as_int32
 from rose.graphs import CudaGraphs, bucket
@@ -193,40 +194,13 @@ class Engine:
             self.step(ids, cu).wait()
 
     def check_fidelity(self, threshold: float = 0.999) -> dict[str, Any]:
-        """Runs the serving path (backend, dtype, graphs: eager, capture and replay) on a fixed set
-        of sequences against a float32 eager reference of the same weights. A path that diverges
-        by more than 0.1% (cosine under `threshold`) is not served: graphs go off, then the
-        attention backend falls back, and the log says so."""
-        sequences = _fidelity_sequences(int(self.model_dir.config["vocab_size"]), self.max_input_length)
-        reference = self._reference(sequences)
-        fallbacks = []
-        while True:
-            worst = min(float(_cosines(self.embed_ids(sequences, normalize=False), reference).min()) for _ in range(3))
-            path = f"{self.attention.name}, {self.dtype_name}, graphs {self.graphs.mode if self.graphs else 'off'}"
-            if worst >= threshold:
-                break
-            log.warning("the path %s diverges from float32 (worst cosine %.6f); not serving it", path, worst)
-            fallbacks.append({"path": path, "worst_cosine": worst})
-            if self.graphs is not None:
-                self.graphs = None
-            elif self.attention.name != "torch" and self.device.type == "cuda":
-                self.use_attention("torch")
-            else:
-                break
-        log.info(
-            "fidelity check: worst cosine %.6f against float32 over %d sequences (%s)", worst, len(sequences), path
-        )
-        return {"worst_cosine": worst, "threshold": threshold, "path": path, "fallbacks": fallbacks}
+        """Checks the serving path against a float32 eager reference; see rose.fidelity."""
+        return fidelity.check(self, threshold)
 
-    def _reference(self, sequences: list[list[int]]) -> np.ndarray:
+    def reference_model(self) -> Any:
+        """The model again, in float32: the reference of the fidelity check."""
         weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
-        model = self._cls(self.model_dir.config, weights, torch.float32, self.device, torch.float32)
-        attention = create_backend("sdpa", dataclasses.replace(model.attention_spec, dtype=torch.float32), self.device)
-        lengths = np.array([len(s) for s in sequences])
-        batch = RaggedBatch.from_host(np.concatenate(sequences), np.concatenate([[0], np.cumsum(lengths)]), self.device)
-        attention.plan(batch)
-        with torch.inference_mode():
-            return pool(model.forward(batch, attention), batch, self.pooling).cpu().numpy()
+        return self._cls(self.model_dir.config, weights, torch.float32, self.device, torch.float32)
 
     def stats(self) -> dict[str, Any]:
         """The engine's live state, for /info: graphs, fidelity, and the GPU's idle share between
@@ -297,18 +271,6 @@ class Engine:
             tokenizer.enable_truncation(self.max_input_length)
             self._tokenizer = tokenizer
         return self._tokenizer
-
-
-def _fidelity_sequences(vocab: int, max_length: int) -> list[list[int]]:
-    rng = np.random.default_rng(1234)
-    lengths = [1, 3, 8, 16, 17, 32, 64, 100, 128, 200, 256, 300, 400, 512]
-    return [rng.integers(0, vocab, size=min(n, max_length)).tolist() for n in lengths]
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
 
 
 def _pack(sequences: Sequence[Sequence[int]], max_tokens: int, max_sequences: int) -> list[Sequence[Sequence[int]]]:

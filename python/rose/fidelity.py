@@ -1,0 +1,72 @@
+"""The start-up fidelity check: the serving path (attention backend, dtype, CUDA graphs through
+their eager run, capture and replay) against a float32 eager reference of the same weights on a
+fixed set of sequences. A path that diverges by more than 0.1% is not served."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rose.attention import create_backend
+from rose.batch import RaggedBatch
+from rose.pooling import pool
+
+if TYPE_CHECKING:
+    from rose.engine import Engine
+
+log = logging.getLogger(__name__)
+
+LENGTHS = (1, 3, 8, 16, 17, 32, 64, 100, 128, 200, 256, 300, 400, 512)
+
+
+def sequences(vocab: int, max_length: int) -> list[list[int]]:
+    """The fixed sequences: random ids of lengths that cross several graph buckets."""
+    rng = np.random.default_rng(1234)
+    return [rng.integers(0, vocab, size=min(n, max_length)).tolist() for n in LENGTHS]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+def reference(engine: Engine, batch_sequences: list[list[int]]) -> np.ndarray:
+    """Pooled vectors of the float32 model with eager SDPA attention on the engine's device."""
+    model = engine.reference_model()
+    spec = dataclasses.replace(model.attention_spec, dtype=torch.float32)
+    attention = create_backend("sdpa", spec, engine.device)
+    lengths = np.array([len(s) for s in batch_sequences])
+    ids, cu = np.concatenate(batch_sequences), np.concatenate([[0], np.cumsum(lengths)])
+    batch = RaggedBatch.from_host(ids, cu, engine.device)
+    attention.plan(batch)
+    with torch.inference_mode():
+        return pool(model.forward(batch, attention), batch, engine.pooling).cpu().numpy()
+
+
+def check(engine: Engine, threshold: float = 0.999) -> dict[str, Any]:
+    """Runs the check; on divergence turns graphs off, then falls back to the torch attention
+    backend, and says so in the log and in the report it returns."""
+    fixed = sequences(int(engine.model_dir.config["vocab_size"]), engine.max_input_length)
+    expected = reference(engine, fixed)
+    fallbacks = []
+    while True:
+        # Three runs: with lazy graphs, a bucket's eager run, its capture and a replay.
+        worst = min(float(cosines(engine.embed_ids(fixed, normalize=False), expected).min()) for _ in range(3))
+        path = f"{engine.attention.name}, {engine.dtype_name}, graphs {engine.graphs.mode if engine.graphs else 'off'}"
+        if worst >= threshold:
+            break
+        log.warning("the path %s diverges from float32 (worst cosine %.6f); not serving it", path, worst)
+        fallbacks.append({"path": path, "worst_cosine": worst})
+        if engine.graphs is not None:
+            engine.graphs = None
+        elif engine.attention.name != "torch" and engine.device.type == "cuda":
+            engine.use_attention("torch")
+        else:
+            break
+    log.info("fidelity check: worst cosine %.6f against float32 over %d sequences (%s)", worst, len(fixed), path)
+    return {"worst_cosine": worst, "threshold": threshold, "path": path, "fallbacks": fallbacks}
