@@ -249,7 +249,7 @@ class Engine:
             lengths = np.array([len(s) for s in chunk], dtype=np.int32)
             cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             ids = np.fromiter((t for s in chunk for t in s), dtype=np.int32, count=int(cu[-1]))
-            out.append(torch.from_numpy(self.step(ids, cu).wait().copy()))
+            out.append(torch.from_numpy(self.step(ids, cu).wait()))
         if not out:
             return np.zeros((0, dimensions or self.dimensions), dtype=np.float32)
         return shape_vectors(torch.cat(out), dimensions, normalize).numpy()

@@ -23,3 +23,27 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         y = F.linear(x.to(self.weight.dtype), self.weight).to(self.dtype)
         return y if self.bias is None else y.add_(self.bias)
+
+
+class Weights:
+    """A checkpoint's tensors, moved to the model's device and dtype as the model takes them."""
+
+    def __init__(
+        self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, matmul_dtype: torch.dtype
+    ) -> None:
+        self.tensors, self.dtype, self.device, self.matmul_dtype = tensors, dtype, device, matmul_dtype
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return self.tensors[name].to(device=self.device, dtype=self.dtype).contiguous()
+
+    def linear(self, prefixes: list[str]) -> Linear:
+        """The dense layers under `prefixes` fused into one (QKV, gate and up), with a bias when
+        every part has one."""
+        weight = torch.cat([self(f"{p}.weight") for p in prefixes])
+        bias = None
+        if all(f"{p}.bias" in self for p in prefixes):
+            bias = torch.cat([self(f"{p}.bias") for p in prefixes])
+        return Linear(weight, bias, self.dtype, self.matmul_dtype)

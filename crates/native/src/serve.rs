@@ -110,7 +110,7 @@ fn run(
             .and_then(|mut addrs| addrs.next())
             .map(|a| a.ip())
             .ok_or_else(|| format!("cannot resolve --hostname {hostname}"))?;
-        let listener = tulip::server::bind(SocketAddr::new(ip, grpc_port))
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, grpc_port))
             .await
             .map_err(|e| format!("cannot listen on {ip}:{grpc_port}: {e}"))?;
         let scheduler = tokio::task::spawn_blocking(move || {

@@ -1,7 +1,6 @@
 //! Tulip's gRPC service: validates requests, hands them to the scheduler, packs the answers.
 
 use std::future::Future;
-use std::net::SocketAddr;
 
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
@@ -32,11 +31,6 @@ pub async fn serve(
             shutdown,
         )
         .await
-}
-
-/// Binds Tulip's gRPC port.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
 }
 
 struct TulipService {

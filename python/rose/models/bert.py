@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
-from rose.layers import Linear
+from rose.layers import Linear, Weights
 
 
 @dataclass
@@ -51,18 +51,13 @@ class Bert:
         heads = config["num_attention_heads"]
         self.attention_spec = AttentionSpec(heads, heads, self.hidden // heads, causal=False)
 
-        def w(name: str) -> torch.Tensor:
-            return weights[name].to(device=device, dtype=dtype).contiguous()
-
-        def linear(prefixes: list[str]) -> Linear:
-            weight = torch.cat([w(f"{p}.weight") for p in prefixes])
-            bias = torch.cat([w(f"{p}.bias") for p in prefixes])
-            return Linear(weight, bias, dtype, matmul_dtype or dtype)
+        w = Weights(weights, dtype, device, matmul_dtype or dtype)
+        linear = w.linear
 
         def norm(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
             # Older checkpoints name LayerNorm's parameters gamma and beta.
-            gamma = f"{prefix}.weight" if f"{prefix}.weight" in weights else f"{prefix}.gamma"
-            beta = f"{prefix}.bias" if f"{prefix}.bias" in weights else f"{prefix}.beta"
+            gamma = f"{prefix}.weight" if f"{prefix}.weight" in w else f"{prefix}.gamma"
+            beta = f"{prefix}.bias" if f"{prefix}.bias" in w else f"{prefix}.beta"
             return w(gamma), w(beta)
 
         self.word_embeddings = w("embeddings.word_embeddings.weight")

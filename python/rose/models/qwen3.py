@@ -11,7 +11,7 @@ import torch
 from rose import kernels
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
-from rose.layers import Linear
+from rose.layers import Linear, Weights
 
 
 @dataclass
@@ -62,14 +62,8 @@ class Qwen3:
             head_dim, config.get("max_position_embeddings", 32768), rope_theta(config), device
         )
 
-        def w(name: str) -> torch.Tensor:
-            return weights[name].to(device=device, dtype=dtype).contiguous()
-
-        def linear(names: list[str]) -> Linear:
-            bias = None
-            if all(f"{n}.bias" in weights for n in names):
-                bias = torch.cat([w(f"{n}.bias") for n in names])
-            return Linear(torch.cat([w(f"{n}.weight") for n in names]), bias, dtype, matmul_dtype or dtype)
+        w = Weights(weights, dtype, device, matmul_dtype or dtype)
+        linear = w.linear
 
         self.embed_tokens = w("embed_tokens.weight")
         self.norm = w("norm.weight")
