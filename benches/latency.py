@@ -73,8 +73,9 @@ def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tu
     return np.array(client), np.array(server)
 
 
-def time_to_first_answer(work: Path, folder: Path | None) -> tuple[float, float]:
-    """Seconds from starting ivy-serve until /health answers, and until a first embedding is back."""
+def time_to_first_answer(work: Path, folder: Path | None) -> tuple[float, float, dict]:
+    """Seconds from starting ivy-serve until /health answers and until a first embedding is back,
+    and the engine's own start-up phases from /info."""
     port, grpc = free_port(), free_port()
     command = ["ivy-serve", "--hostname", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc)]
     command += ["--model", str(folder)] if folder else []
@@ -93,7 +94,9 @@ def time_to_first_answer(work: Path, folder: Path | None) -> tuple[float, float]
         ready = time.perf_counter() - start
         body = {"input": [[1000 + i for i in range(16)]]}
         assert requests.post(f"http://127.0.0.1:{port}/v1/embeddings", json=body, timeout=60).status_code == 200
-        return ready, time.perf_counter() - start
+        first = time.perf_counter() - start
+        info = requests.get(f"http://127.0.0.1:{port}/info", timeout=10).json()
+        return ready, first, info["engine"].get("startup_seconds", {})
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -128,14 +131,15 @@ def main() -> None:
                 rows.append(("HTTP, server side", graphs, name, np.percentile(inside, 50), np.percentile(inside, 99)))
         finally:
             server.stop()
-    ready, first = time_to_first_answer(work, folder)
+    ready, first, phases = time_to_first_answer(work, folder)
     model = f"Qwen3 {args.qwen3} shape (random weights)" if folder else "all-MiniLM-L6-v2"
     print(f"{model}, bf16, {torch.cuda.get_device_name()}, {args.iterations} requests each, one at a time")
     print("| path | CUDA graphs | request | p50 ms | p99 ms |")
     print("|---|---|---|---|---|")
     for path, graphs, name, p50, p99 in rows:
         print(f"| {path} | {graphs} | {name} | {p50:.3f} | {p99:.3f} |")
-    print(f"\nivy-serve start to /health: {ready:.1f} s; to the first embedding: {first:.1f} s (lazy capture)")
+    print(f"\nivy-serve start to /health: {ready:.2f} s; to the first embedding: {first:.2f} s (lazy capture)")
+    print("engine start-up phases (s):", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
 if __name__ == "__main__":

@@ -56,7 +56,14 @@ def scrape(server: Server) -> dict[str, float]:
                 name = f"ivy_{part}_duration_seconds{suffix}"
                 if line.startswith(name + " "):
                     out[part + suffix] = float(line.split()[1])
+        if line.startswith("ivy_tokenizer_busy_microseconds_total "):
+            out["tokenizer_busy"] = float(line.split()[1]) / 1e6
     return out
+
+
+def tokenizer_load(before: dict[str, float], after: dict[str, float], seconds: float, workers: int) -> float:
+    """The tokenizer pool's busy share over a run: 1.0 would make tokenization the bottleneck."""
+    return (after.get("tokenizer_busy", 0) - before.get("tokenizer_busy", 0)) / (seconds * workers)
 
 
 def split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -241,11 +248,16 @@ def main() -> None:
         bodies = [{"input": b} for b in client_batches]
         asyncio.run(http_closed_loop(url, bodies[:4], 2))  # warm-up: lazy graphs, connections
         grpc_closed_loop(server.grpc, client_batches[:4], 2)
+        workers = server_info(server)["tokenization_workers"]
+        server_info(server)  # starts the engine's idle-share window here
         before = scrape(server)
         seconds, latencies = asyncio.run(http_closed_loop(url, bodies, args.batch_concurrency))
+        after = scrape(server)
         rates["stack over HTTP"] = doc_tokens / seconds
-        report["batch_http"] = {"seconds": seconds, **percentiles(latencies), "split_ms": split(before, scrape(server))}
-        report["gpu_idle_after_batch_http"] = info_idle(server)
+        report["batch_http"] = {"seconds": seconds, **percentiles(latencies), "split_ms": split(before, after)}
+        report["gpu_idle_after_batch_http"] = (server_info(server).get("engine") or {}).get("gpu_idle_fraction")
+        report["tokenizer_load_batch_http"] = tokenizer_load(before, after, seconds, workers)
+        report["tokenization_workers"] = workers
         seconds, latencies = grpc_closed_loop(server.grpc, client_batches, args.batch_concurrency)
         rates["stack over gRPC"] = doc_tokens / seconds
         report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
@@ -282,11 +294,11 @@ def main() -> None:
     print_tables(report)
 
 
-def info_idle(server: Server) -> float | None:
+def server_info(server: Server) -> dict:
+    """Ivy's /info; each call also ends the engine's idle-share window."""
     import requests
 
-    engine = requests.get(f"{server.url}/info", timeout=10).json().get("engine") or {}
-    return engine.get("gpu_idle_fraction")
+    return requests.get(f"{server.url}/info", timeout=10).json()
 
 
 def plot(report: dict, out: Path) -> None:
@@ -324,6 +336,8 @@ def print_tables(report: dict) -> None:
     print(f"\nbatch over HTTP: request latency p50 {b['p50']:.1f} ms, p99 {b['p99']:.1f} ms; per request (ms): {parts}")
     if report.get("gpu_idle_after_batch_http") is not None:
         print(f"GPU idle between steps during the HTTP batch run: {report['gpu_idle_after_batch_http']:.1%}")
+    print(f"tokenizer pool busy during the HTTP batch run: {report['tokenizer_load_batch_http']:.1%} "
+          f"of {report['tokenization_workers']} workers")  # fmt: skip
     print("\n| online load | req/s | p50 ms | p95 ms | p99 ms | tokenize / queue / infer / transfer ms |")
     print("|---|---|---|---|---|---|")
     for r in report["online_http"]:

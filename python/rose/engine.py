@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ class Engine:
         on_gpu = self.device.type == "cuda"
         self.max_batch_tokens = max_batch_tokens or (16384 if on_gpu else 4096)
         self.max_batch_requests = max_batch_requests or 512
+        started = time.perf_counter()
         self._cls = model_class(self.model_dir.model_type)
         weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
         self.model = self._cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
@@ -100,12 +102,20 @@ class Engine:
             self._last_copy: torch.cuda.Event | None = None
             if cuda_graphs != "off":
                 self.graphs = CudaGraphs(cuda_graphs, max_cuda_graphs, self.attention)
+        loaded = time.perf_counter()
         for spec in warmup:
             self._warm(spec)
+        warmed = time.perf_counter()
         if verify and (on_gpu or self.matmul_dtype != self.dtype):
             self.fidelity = self.check_fidelity()
+        # Where start-up time goes, for /info: the first-answer target depends on it.
+        self.startup_seconds = {
+            "load": round(loaded - started, 3),
+            "warmup": round(warmed - loaded, 3),
+            "fidelity_check": round(time.perf_counter() - warmed, 3),
+        }
         log.info(
-            "ROSE serves %s (%s) on %s in %s with %s attention, %s pooling and CUDA graphs %s",
+            "ROSE serves %s (%s) on %s in %s with %s attention, %s pooling and CUDA graphs %s; start-up %s",
             self.model_dir.model_id,
             self.model_dir.model_type,
             self.device,
@@ -113,6 +123,7 @@ class Engine:
             self.attention.name,
             self.pooling,
             self.graphs.mode if self.graphs else "off",
+            ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_seconds.items()),
         )
 
     def use_attention(self, name: str) -> None:
@@ -208,6 +219,7 @@ class Engine:
         out: dict[str, Any] = {
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,
+            "startup_seconds": self.startup_seconds,
         }
         if self.device.type == "cuda":
             out["gpu_idle_fraction"] = self._timeline.take_idle_fraction()

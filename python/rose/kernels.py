@@ -5,7 +5,10 @@ others are tested against."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -14,6 +17,25 @@ import torch.nn.functional as F
 # Programmatic dependent launch for FlashInfer's kernels: None lets FlashInfer decide (on for
 # Hopper and later), False turns it off.
 ENABLE_PDL: bool | None = None
+
+_graph_path = threading.local()
+
+
+@contextlib.contextmanager
+def for_graphs() -> Iterator[None]:
+    """Selects the kernels that CUDA graphs capture (Triton's) on this thread, for a bucket's eager
+    first run as well as its capture: the eager run then compiles and loads them, so that nothing
+    is compiled while a graph is being captured, and its output is the one replays give."""
+    previous = getattr(_graph_path, "on", False)
+    _graph_path.on = True
+    try:
+        yield
+    finally:
+        _graph_path.on = previous
+
+
+def _graph_kernels() -> bool:
+    return getattr(_graph_path, "on", False) or torch.cuda.is_current_stream_capturing()
 
 
 @functools.cache
@@ -37,18 +59,18 @@ def triton_kernels() -> ModuleType | None:
 
 
 def _fast(x: torch.Tensor) -> ModuleType | None:
-    """FlashInfer, unless x is off the GPU or a CUDA graph is being captured."""
+    """FlashInfer, unless x is off the GPU or on the CUDA graph path."""
     # FlashInfer's norm, RoPE and activation kernels run eagerly only: captured into a CUDA graph
     # on the H200 they replayed wrong results (benches/diag/graphs_qwen3.py).
-    if not x.is_cuda or torch.cuda.is_current_stream_capturing():
+    if not x.is_cuda or _graph_kernels():
         return None
     return flashinfer()
 
 
 def _captured(x: torch.Tensor) -> ModuleType | None:
-    """The Triton kernels on the GPU where FlashInfer's are not used: while a CUDA graph is
-    being captured, or without FlashInfer."""
-    if not x.is_cuda or (flashinfer() is not None and not torch.cuda.is_current_stream_capturing()):
+    """The Triton kernels on the GPU where FlashInfer's are not used: on the CUDA graph path, or
+    without FlashInfer."""
+    if not x.is_cuda or (flashinfer() is not None and not _graph_kernels()):
         return None
     return triton_kernels()
 

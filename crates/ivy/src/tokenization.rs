@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::thread;
+use std::time::Instant;
 
 use serde::Serialize;
 pub use tokenizers::TruncationDirection;
@@ -53,6 +54,7 @@ enum Job {
 #[derive(Clone)]
 pub struct TokenizerPool {
     jobs: crossbeam_channel::Sender<Job>,
+    workers: usize,
     max_input_length: usize,
 }
 
@@ -65,7 +67,8 @@ impl TokenizerPool {
         tokenizer.with_padding(None);
         let _ = tokenizer.with_truncation(None);
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
-        for i in 0..workers.max(1) {
+        let workers = workers.max(1);
+        for i in 0..workers {
             let queue = queue.clone();
             let mut worker = Worker {
                 tokenizer: tokenizer.clone(),
@@ -78,8 +81,14 @@ impl TokenizerPool {
         }
         TokenizerPool {
             jobs,
+            workers,
             max_input_length,
         }
+    }
+
+    /// How many threads tokenize.
+    pub fn workers(&self) -> usize {
+        self.workers
     }
 
     /// The model's input limit in tokens.
@@ -135,6 +144,7 @@ struct Worker {
 
 impl Worker {
     fn run(&mut self, job: Job) {
+        let start = Instant::now();
         match job {
             Job::Encode {
                 index,
@@ -152,6 +162,9 @@ impl Worker {
                 let _ = reply.send(self.tokenize(&text, &options));
             }
         }
+        // Busy time against wall time times workers says whether tokenization could bottleneck.
+        metrics::counter!("ivy_tokenizer_busy_microseconds_total")
+            .increment(start.elapsed().as_micros() as u64);
     }
 
     fn encode(

@@ -38,7 +38,7 @@ pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
         "max_client_batch_size": args.max_client_batch_size,
         "max_concurrent_requests": args.max_concurrent_requests,
         "auto_truncate": args.auto_truncate,
-        "tokenization_workers": args.tokenization_workers,
+        "tokenization_workers": gateway.tokenizer().workers(),
         "engine": engine,
         "version": env!("CARGO_PKG_VERSION"),
     }))
