@@ -59,10 +59,11 @@ def triton_kernels() -> ModuleType | None:
 
 
 def _fast(x: torch.Tensor) -> ModuleType | None:
-    """FlashInfer, unless x is off the GPU or on the CUDA graph path."""
+    """FlashInfer, for 16-bit x on the GPU off the CUDA graph path."""
     # FlashInfer's norm, RoPE and activation kernels run eagerly only: captured into a CUDA graph
-    # on the H200 they replayed wrong results (benches/diag/graphs_qwen3.py).
-    if not x.is_cuda or _graph_kernels():
+    # on the H200 they replayed wrong results (benches/diag/graphs_qwen3.py). Its RoPE has no
+    # float32 kernel (the fidelity check's reference runs in float32).
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or _graph_kernels():
         return None
     return flashinfer()
 

@@ -4,6 +4,7 @@ Qwen3-Embedding-0.6B shape (random weights) in both kinds and for MiniLM with it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 
@@ -86,34 +87,52 @@ def test_a_backend_that_cannot_load_says_why() -> None:
         BACKENDS["fa2"](dataclasses.replace(spec, dtype=torch.bfloat16), torch.device("cpu"))
 
 
-def test_flashinfer_kernels_match_the_torch_reference() -> None:
-    fi = kernels.flashinfer()
-    assert fi is not None, "FlashInfer should be installed on the GPU machine"
+@pytest.mark.parametrize("head_dim", [16, 128])
+@pytest.mark.parametrize("tokens", [37, 320])
+@pytest.mark.parametrize("kernel_set", ["flashinfer", "triton"])
+def test_fused_kernels_match_the_torch_reference(kernel_set: str, tokens: int, head_dim: int) -> None:
+    """FlashInfer's kernels (eager runs) and ROSE's Triton kernels (the CUDA graph path) against
+    the torch path of the same function in float32 on the CPU; q and k are views of one fused
+    projection, as in the model."""
+    assert kernels.flashinfer() is not None, "FlashInfer should be installed on the GPU machine"
+    path = kernels.for_graphs() if kernel_set == "triton" else contextlib.nullcontext()
     torch.manual_seed(0)
-    x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn_like(x)
-    weight = torch.rand(1024, device="cuda", dtype=torch.bfloat16) + 0.5
+    cuda = dict(device="cuda", dtype=torch.bfloat16)
+    hidden, heads, kv_heads = 1024, 16, 8
     cpu = lambda t: t.float().cpu()  # noqa: E731
-
-    def on_cpu(fn, *args):  # the torch path of the same kernel, in float32 on the CPU
-        return fn(*[cpu(a) if isinstance(a, torch.Tensor) else a for a in args])
-
-    torch.testing.assert_close(
-        cpu(kernels.rmsnorm(x, weight, 1e-6)), on_cpu(kernels.rmsnorm, x, weight, 1e-6), atol=3e-2, rtol=2e-2
-    )
-    ref_residual, ref_x = cpu(residual), cpu(x)
-    expected = kernels.add_rmsnorm(ref_x, ref_residual, cpu(weight), 1e-6)
-    got = kernels.add_rmsnorm(x.clone(), residual, weight, 1e-6)
-    torch.testing.assert_close(cpu(got), expected, atol=3e-2, rtol=2e-2)
-    torch.testing.assert_close(cpu(residual), ref_residual, atol=3e-2, rtol=2e-2)
-    gu = torch.randn(300, 2 * 3072, device="cuda", dtype=torch.bfloat16)
-    torch.testing.assert_close(cpu(kernels.silu_and_mul(gu)), on_cpu(kernels.silu_and_mul, gu), atol=3e-2, rtol=2e-2)
-    q = torch.randn(300, 16, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
-    positions = torch.randint(0, 512, (300,), device="cuda", dtype=torch.int32)
-    cache = kernels.rope_cache(128, 1024, 1e6, torch.device("cuda"))
+    x, residual = torch.randn(tokens, hidden, **cuda), torch.randn(tokens, hidden, **cuda)
+    weight, head_weight = torch.rand(hidden, **cuda) + 0.5, torch.rand(head_dim, **cuda) + 0.5
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, **cuda)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    gate_up = torch.randn(tokens, 2 * 3072, **cuda)
+    positions = torch.randint(0, 512, (tokens,), device="cuda", dtype=torch.int32)
+    cache = kernels.rope_cache(head_dim, 1024, 1e6, torch.device("cuda"))
+    ref_residual = cpu(residual)
+    expected = {
+        "rmsnorm": kernels.rmsnorm(cpu(x), cpu(weight), 1e-6),
+        "qk-norm": kernels.rmsnorm(cpu(q), cpu(head_weight), 1e-6),
+        "add_rmsnorm": kernels.add_rmsnorm(cpu(x), ref_residual, cpu(weight), 1e-6),
+        "silu_and_mul": kernels.silu_and_mul(cpu(gate_up)),
+    }
     rq, rk = cpu(q), cpu(k)
     kernels.apply_rope(rq, rk, positions.cpu(), cache.cpu())
-    kernels.apply_rope(q, k, positions, cache)
-    torch.testing.assert_close(cpu(q), rq, atol=3e-2, rtol=2e-2)
-    torch.testing.assert_close(cpu(k), rk, atol=3e-2, rtol=2e-2)
+    expected["rope q"], expected["rope k"] = rq, rk
+    with path:
+        got = {
+            "rmsnorm": kernels.rmsnorm(x, weight, 1e-6),
+            "qk-norm": kernels.rmsnorm(q, head_weight, 1e-6),
+            "add_rmsnorm": kernels.add_rmsnorm(x.clone(), residual, weight, 1e-6),
+            "silu_and_mul": kernels.silu_and_mul(gate_up),
+        }
+        gq, gk = q.contiguous(), k.contiguous()
+        kernels.apply_rope(gq, gk, positions, cache)
+        got["rope q"], got["rope k"] = gq, gk
+    got["add_rmsnorm residual"], expected["add_rmsnorm residual"] = residual, ref_residual
+    wrong = []
+    for name, value in expected.items():
+        try:
+            torch.testing.assert_close(cpu(got[name]), value, atol=3e-2, rtol=2e-2)
+        except AssertionError as why:
+            wrong.append(f"{name}: {str(why).splitlines()[2:4]}")
+    assert not wrong, wrong
