@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rose import kernels
 from rose.attention import AttentionBackend
 from rose.batch import RaggedBatch
 
@@ -83,15 +82,14 @@ class CudaGraphs:
         """Runs the model on `batch` (already in the static buffers) through the graph of `key`."""
         entry = self.graphs[key]
         if entry.graph is None:
-            with kernels.for_graphs():
-                return self._first_runs(key, entry, batch, forward)
+            return self._first_runs(key, entry, batch, forward)
         entry.graph.replay()
         self.stats.replays += 1
         return entry.output
 
     def _first_runs(self, key: tuple[int, int], entry: _Graph, batch: RaggedBatch, forward: Forward) -> torch.Tensor:
-        """Eager on the first hit (which also compiles the graph path's kernels), capture on the
-        second, or on the first after the eager run in mode "eager"."""
+        """Eager on the first hit (warm-up, JIT), capture on the second, or on the first after
+        the eager run in mode "eager"."""
         entry.hits += 1
         if entry.hits == 1:
             self.stats.eager_runs += 1

@@ -1,6 +1,5 @@
-"""Triton versions of the decoder's norm, RoPE and activation kernels, for CUDA graphs:
-FlashInfer's replayed wrong results once captured on the H200 (benches/diag/graphs_qwen3.py),
-and Triton kernels launch on torch's current stream, so they capture like any torch op.
+"""Triton versions of the decoder's norm, RoPE and activation kernels, for GPUs without
+FlashInfer and for head dims where FlashInfer's RoPE is wrong (16 on the H200).
 Arithmetic in float32 inside, the model's dtype outside, as the torch reference in kernels.py."""
 
 from __future__ import annotations
