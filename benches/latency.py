@@ -113,12 +113,19 @@ def main() -> None:
         from models import save_qwen3
 
         folder = save_qwen3(work / f"qwen3-{args.qwen3}", args.qwen3, bidirectional=False)
-    rows = []
+    model = f"Qwen3 {args.qwen3} shape (random weights)" if folder else "all-MiniLM-L6-v2"
+    # Rows are printed as they are measured, so that a run cut short still reports.
+    print(f"{model}, bf16, {torch.cuda.get_device_name()}, {args.iterations} requests each, one at a time")
+    print("| path | CUDA graphs | request | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+
+    def row(path: str, graphs: str, name: str, ms: np.ndarray) -> None:
+        print(f"| {path} | {graphs} | {name} | {np.percentile(ms, 50):.3f} | {np.percentile(ms, 99):.3f} |", flush=True)
+
     for graphs in ("lazy", "off"):
         engine = rose.Engine(folder, device="cuda", cuda_graphs=graphs, verify=False)
         for name, (n, length) in SHAPES.items():
-            ms = engine_latencies(engine, n, length, args.iterations)
-            rows.append(("engine", graphs, name, np.percentile(ms, 50), np.percentile(ms, 99)))
+            row("engine", graphs, name, engine_latencies(engine, n, length, args.iterations))
         del engine
         torch.cuda.empty_cache()
     for graphs in ("lazy", "off"):
@@ -127,17 +134,11 @@ def main() -> None:
         try:
             for name, (n, length) in SHAPES.items():
                 ms, inside = http_latencies(f"{server.url}/v1/embeddings", n, length, args.iterations)
-                rows.append(("HTTP", graphs, name, np.percentile(ms, 50), np.percentile(ms, 99)))
-                rows.append(("HTTP, server side", graphs, name, np.percentile(inside, 50), np.percentile(inside, 99)))
+                row("HTTP", graphs, name, ms)
+                row("HTTP, server side", graphs, name, inside)
         finally:
             server.stop()
     ready, first, phases = time_to_first_answer(work, folder)
-    model = f"Qwen3 {args.qwen3} shape (random weights)" if folder else "all-MiniLM-L6-v2"
-    print(f"{model}, bf16, {torch.cuda.get_device_name()}, {args.iterations} requests each, one at a time")
-    print("| path | CUDA graphs | request | p50 ms | p99 ms |")
-    print("|---|---|---|---|---|")
-    for path, graphs, name, p50, p99 in rows:
-        print(f"| {path} | {graphs} | {name} | {p50:.3f} | {p99:.3f} |")
     print(f"\nivy-serve start to /health: {ready:.2f} s; to the first embedding: {first:.2f} s (lazy capture)")
     print("engine start-up phases (s):", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 

@@ -239,6 +239,7 @@ def main() -> None:
     rates = {"rose in-process": doc_tokens / rose_in_process(folder, args.device, docs, repeats=2 if args.quick else 3)}
     name, seconds = reference_seconds(folder, args.device, docs, repeats=1 if args.quick else 2)
     rates[name] = doc_tokens / seconds
+    print(f"in-process: {', '.join(f'{k} {v:,.0f} tokens/s' for k, v in rates.items())}", flush=True)
 
     # The whole stack, as a real process.
     server_args = ["--device", args.device, *args.server_arg] + (["--model", str(folder)] if folder else [])
@@ -258,9 +259,11 @@ def main() -> None:
         report["gpu_idle_after_batch_http"] = (server_info(server).get("engine") or {}).get("gpu_idle_fraction")
         report["tokenizer_load_batch_http"] = tokenizer_load(before, after, seconds, workers)
         report["tokenization_workers"] = workers
+        print(f"stack over HTTP: {rates['stack over HTTP']:,.0f} tokens/s", flush=True)
         seconds, latencies = grpc_closed_loop(server.grpc, client_batches, args.batch_concurrency)
         rates["stack over gRPC"] = doc_tokens / seconds
         report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
+        print(f"stack over gRPC: {rates['stack over gRPC']:,.0f} tokens/s", flush=True)
 
         online_rows = []
         query_bodies = [{"input": q} for q in online]
@@ -270,6 +273,7 @@ def main() -> None:
             seconds, latencies = asyncio.run(http_closed_loop(url, query_bodies, concurrency))
             online_rows.append({"load": f"closed loop x{concurrency}", "req_s": len(online) / seconds,
                                 **percentiles(latencies), "split_ms": split(before, scrape(server))})  # fmt: skip
+            print(f"online {online_rows[-1]['load']}: {online_rows[-1]['p50']:.2f} ms p50", flush=True)
         for rate in args.rates:
             n = min(len(query_bodies), int(rate * 4))
             before = scrape(server)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -17,6 +19,7 @@ class FlashAttention4Backend(OffsetsOnDeviceBackend):
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
         self.require_cuda(self.name, device, spec, (9, 0))
+        _keep_compiled_kernels()
         try:
             from flash_attn.cute import flash_attn_varlen_func
         except ImportError as why:
@@ -37,3 +40,11 @@ class FlashAttention4Backend(OffsetsOnDeviceBackend):
             causal=self.spec.causal,
         )
         return out
+
+
+def _keep_compiled_kernels() -> None:
+    """FA4 compiles its kernels at first use (seconds each) and by default keeps them in memory
+    only, so every start compiled them again; like FlashInfer and Triton, keep them on disk."""
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / "flash-attention-cute"
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(default))
