@@ -47,6 +47,38 @@ def engine_latencies(engine: rose.Engine, sequences: int, length: int, iteration
     return np.array(out) * 1000
 
 
+def gpu_milliseconds(engine: rose.Engine, sequences: int, length: int, iterations: int = 50) -> float:
+    """Median GPU time from a step's first operation to its last (CUDA events on the engine's
+    stream): what is left of the latency once the host's share is taken out."""
+    cu = np.arange(0, sequences * length + 1, length, dtype=np.int32)
+    ids = np.full(sequences * length, 1000, dtype=np.int32)
+    times = []
+    for _ in range(iterations):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        lazy = engine.step(ids, cu)
+        end.record()
+        lazy.wait()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def kernel_table(engine: rose.Engine, sequences: int, length: int) -> str:
+    """The CUDA kernels of one eager step, by GPU time, with their launch counts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cu = np.arange(0, sequences * length + 1, length, dtype=np.int32)
+    ids = np.full(sequences * length, 1000, dtype=np.int32)
+    engine.step(ids, cu).wait()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.step(ids, cu).wait()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in kernels) / 1000
+    head = f"one eager step of {sequences} x {length} tokens: {len(kernels)} kernels, {busy:.3f} ms of kernel time"
+    return head + "\n" + prof.key_averages().table(sort_by="self_device_time_total", row_limit=12)
+
+
 def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tuple[np.ndarray, np.ndarray]:
     """Client-side round trips (a keep-alive http.client connection, bodies serialized ahead) and
     the server's own x-total-time, in milliseconds."""
@@ -126,6 +158,9 @@ def main() -> None:
         engine = rose.Engine(folder, device="cuda", cuda_graphs=graphs, verify=False)
         for name, (n, length) in SHAPES.items():
             row("engine", graphs, name, engine_latencies(engine, n, length, args.iterations))
+            row("engine, GPU time", graphs, name, np.array([gpu_milliseconds(engine, n, length)]))
+        if graphs == "off":
+            print(kernel_table(engine, 1, 16), flush=True)
         del engine
         torch.cuda.empty_cache()
     for graphs in ("lazy", "off"):

@@ -7,6 +7,7 @@ others are tested against."""
 from __future__ import annotations
 
 import functools
+import os
 from types import ModuleType
 
 import torch
@@ -24,6 +25,9 @@ _FLASHINFER_ROPE_DIMS = (64, 128, 256)
 @functools.cache
 def flashinfer() -> ModuleType | None:
     """FlashInfer, when it imports."""
+    # Its RMSNorm kernels default to CuTe DSL ones, compiled anew in every process (seconds each,
+    # at every start); the CUDA ones are compiled once per machine and kept on disk.
+    os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
     try:
         import flashinfer as module
     except ImportError:
