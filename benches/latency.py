@@ -138,6 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--qwen3", choices=["tiny", "0.6b"], help="random Qwen3 of this shape instead of MiniLM")
     parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--engine-only", action="store_true", help="skip the HTTP rows and the start-up timing")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp())
     folder = None
@@ -163,6 +164,8 @@ def main() -> None:
             print(kernel_table(engine, 1, 16), flush=True)
         del engine
         torch.cuda.empty_cache()
+    if args.engine_only:
+        return
     for graphs in ("lazy", "off"):
         extra = ["--device", "cuda", "--cuda-graphs", graphs] + (["--model", str(folder)] if folder else [])
         server = start_server(work, *extra)
