@@ -99,12 +99,15 @@ def test_info_health_and_metrics(server: Server) -> None:
     assert info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert (info["device"], info["attention_backend"], info["dimensions"]) == ("cpu", "sdpa", 384)
     assert info["max_input_length"] == 256
+    assert info["tokenization_workers"] >= 1
+    assert set(info["engine"]["startup_seconds"]) == {"load", "warmup", "fidelity_check"}
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
     post(server, "/embed", {"inputs": "warm the counters"})
     metrics = requests.get(f"{server.url}/metrics", timeout=10).text
     for name in (
         "ivy_requests_total",
         "ivy_tokenization_duration_seconds",
+        "ivy_tokenizer_busy_microseconds_total",
         "tulip_batch_tokens",
         "tulip_step_duration_seconds",
     ):
