@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# On the lent H200 (see benches/README.md), after .gpu/install.sh: installs the carried project wheel, restores the JIT caches
-# carried in .gpu/cache, then runs the named steps (NAME=COMMAND) with a time limit each. A step
-# over its limit gets SIGABRT, so Python's faulthandler prints every thread's stack into its log.
-# Logs go under $OUT; each log's tail is printed last. SAVE_CACHE=1 tars the JIT caches to $OUT.
+# On the lent H200 (benches/README.md says how), after .gpu/install.sh: installs the carried
+# project wheel, restores the JIT caches carried in .gpu/cache, then runs the named steps
+# (NAME=COMMAND) with a time limit each. A step over its limit gets SIGABRT, so Python's
+# faulthandler prints every thread's stack into its log. Logs go under $OUT; each log's tail is
+# printed last. SAVE_CACHE=1 tars the JIT caches to $OUT/jit.tgz.
 set -u
 source .gpu/env.sh
 caches=(tmp/flashinfer-ws "${HOME#/}/.triton/cache" "${HOME#/}/.cache/rose")
