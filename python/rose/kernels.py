@@ -17,8 +17,8 @@ import torch.nn.functional as F
 # Hopper and later), False turns it off.
 ENABLE_PDL: bool | None = None
 
-# FlashInfer's RoPE is right for these head dims only: at 16 it rotated half of q wrong on the
-# H200 (tests/gpu/test_backends.py::test_fused_kernels_match_the_torch_reference).
+# Head dims for FlashInfer's RoPE: at 16 it rotated half of q wrong on the H200; the GPU test
+# (tests/gpu/test_backends.py::test_fused_kernels_match_the_torch_reference) checks 64 and 128.
 _FLASHINFER_ROPE_DIMS = (64, 128, 256)
 
 

@@ -86,7 +86,7 @@ def test_a_backend_that_cannot_load_says_why() -> None:
         BACKENDS["fa2"](dataclasses.replace(spec, dtype=torch.bfloat16), torch.device("cpu"))
 
 
-@pytest.mark.parametrize("head_dim", [16, 128])
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
 @pytest.mark.parametrize("tokens", [37, 320])
 @pytest.mark.parametrize("kernel_set", ["chosen", "triton"])
 def test_fused_kernels_match_the_torch_reference(
