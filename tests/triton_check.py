@@ -29,4 +29,18 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
     triton_kernels.apply_rope(q, k, positions, cache)
     torch.testing.assert_close(q, rq, atol=tol, rtol=tol)
     torch.testing.assert_close(k, rk, atol=tol, rtol=tol)
+    for head_dim in (16, 128):
+        heads, kv_heads = 4, 2
+        qkv = torch.randn(37, (heads + 2 * kv_heads) * head_dim + 8, dtype=dtype)[:, 8:]  # strided rows
+        wq, wk = (torch.rand(head_dim) + 0.5).to(dtype), (torch.rand(head_dim) + 0.5).to(dtype)
+        cache = kernels.rope_cache(head_dim, 128, 1e6, torch.device("cpu"))
+        eq = kernels.rmsnorm(qkv[:, : heads * head_dim].reshape(37, heads, head_dim), wq, 1e-6)
+        ek = kernels.rmsnorm(
+            qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(37, kv_heads, head_dim), wk, 1e-6
+        )
+        kernels.apply_rope(eq, ek, positions, cache)
+        assert triton_kernels.fits_qk_norm_rope(head_dim)
+        gq, gk = triton_kernels.qk_norm_rope(qkv, wq, wk, 1e-6, positions, cache, heads, kv_heads)
+        torch.testing.assert_close(gq, eq, atol=tol, rtol=tol)
+        torch.testing.assert_close(gk, ek, atol=tol, rtol=tol)
 print("triton kernels match")

@@ -121,3 +121,26 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache:
         half = t.shape[-1] // 2
         rotated = torch.cat([-t[..., half:], t[..., :half]], dim=-1)
         t.copy_((t.float() * cos + rotated.float() * sin).to(t.dtype))
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cache: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's per-head RMSNorm of q and k, then RoPE, from the fused projection qkv
+    [tokens, (heads + 2 kv_heads) * dim]; returns q [tokens, heads, dim] and k. On the GPU one
+    Triton kernel does it all (one launch where there were three, which counts on short queries)."""
+    head_dim = q_weight.shape[0]
+    tr = _triton_for(qkv)
+    if tr is not None and tr.fits_qk_norm_rope(head_dim):
+        return tr.qk_norm_rope(qkv, q_weight, k_weight, eps, positions, cache, heads, kv_heads)
+    q = rmsnorm(qkv[:, : heads * head_dim].reshape(-1, heads, head_dim), q_weight, eps)
+    k = rmsnorm(qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(-1, kv_heads, head_dim), k_weight, eps)
+    apply_rope(q, k, positions, cache)
+    return q, k

@@ -89,3 +89,67 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache:
     half = q.shape[-1] // 2
     for t in (q, k):
         _rope[(t.shape[0], t.shape[1])](t, positions, cache, t.shape[1], HALF=half)
+
+
+@triton.jit
+def _norm_rope_heads(src, dst, weight_ptr, cos, sin, eps, H: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """RMSNorm of each of H heads at src (head after head), then RoPE; contiguous into dst."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, HALF)[None, :]
+    mask = (h < H) & (i < HALF)
+    offsets = h * 2 * HALF + i
+    first = tl.load(src + offsets, mask=mask, other=0.0)
+    a, b = first.to(tl.float32), tl.load(src + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
+    # Rounded where Hugging Face rounds: after the norm, after the weight, after the rotation.
+    a = (tl.load(weight_ptr + i).to(tl.float32) * (a * scale).to(first.dtype).to(tl.float32)).to(first.dtype)
+    b = (tl.load(weight_ptr + HALF + i).to(tl.float32) * (b * scale).to(first.dtype).to(tl.float32)).to(first.dtype)
+    a, b = a.to(tl.float32), b.to(tl.float32)
+    tl.store(dst + offsets, (a * cos - b * sin).to(first.dtype), mask=mask)
+    tl.store(dst + offsets + HALF, (b * cos + a * sin).to(first.dtype), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope(
+    qkv_ptr, q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, row_stride, eps,
+    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HALF: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, HALF)[None, :]
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    cos = tl.load(cache_ptr + position * 2 * HALF + i)
+    sin = tl.load(cache_ptr + position * 2 * HALF + HALF + i)
+    src = qkv_ptr + token * row_stride
+    _norm_rope_heads(src, q_ptr + token * HQ * 2 * HALF, q_weight_ptr, cos, sin, eps, HQ, BLOCK_Q, HALF)
+    src += HQ * 2 * HALF
+    _norm_rope_heads(src, k_ptr + token * HK * 2 * HALF, k_weight_ptr, cos, sin, eps, HK, BLOCK_K, HALF)
+
+
+def fits_qk_norm_rope(head_dim: int) -> bool:
+    """Whether qk_norm_rope compiles for this head dim (half of it a power of two)."""
+    return head_dim % 2 == 0 and triton.next_power_of_2(head_dim // 2) == head_dim // 2
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cache: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's QK-norm and RoPE in one launch, from the fused projection qkv
+    [tokens, (heads + 2 kv_heads) * dim] (rows may be strided); returns contiguous q
+    [tokens, heads, dim] and k [tokens, kv_heads, dim]."""
+    assert qkv.stride(1) == 1
+    tokens, head_dim = qkv.shape[0], q_weight.shape[0]
+    q = torch.empty(tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(tokens, kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    _qk_norm_rope[(tokens,)](
+        qkv, q, k, q_weight, k_weight, positions, cache, qkv.stride(0), eps,
+        HQ=heads, HK=kv_heads, BLOCK_Q=triton.next_power_of_2(heads), BLOCK_K=triton.next_power_of_2(kv_heads),
+        HALF=head_dim // 2,
+    )  # fmt: skip
+    return q, k

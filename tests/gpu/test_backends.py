@@ -130,6 +130,12 @@ def test_fused_kernels_match_the_torch_reference(
     kernels.apply_rope(gq, gk, positions, cache)
     got["rope q"], got["rope k"] = gq, gk
     got["add_rmsnorm residual"], expected["add_rmsnorm residual"] = residual, ref_residual
+    rq, rk = kernels.rmsnorm(cpu(q), cpu(head_weight), 1e-6), kernels.rmsnorm(cpu(k), cpu(head_weight), 1e-6)
+    kernels.apply_rope(rq, rk, positions.cpu(), cache.cpu())
+    expected["qk_norm_rope q"], expected["qk_norm_rope k"] = rq, rk
+    got["qk_norm_rope q"], got["qk_norm_rope k"] = kernels.qk_norm_rope(
+        qkv, head_weight, head_weight, 1e-6, positions, cache, heads, kv_heads
+    )
     wrong = []
     for name, value in expected.items():
         try:

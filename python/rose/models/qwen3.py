@@ -93,11 +93,10 @@ class Qwen3:
             if i > 0:
                 h = kernels.add_rmsnorm(x, residual, layer.input_norm, self.eps)
             qkv = layer.qkv(h)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = kernels.rmsnorm(q.reshape(-1, spec.num_heads, spec.head_dim), layer.q_norm, self.eps)
-            k = kernels.rmsnorm(k.reshape(-1, spec.num_kv_heads, spec.head_dim), layer.k_norm, self.eps)
-            kernels.apply_rope(q, k, batch.positions, self.rope)
-            v = v.reshape(-1, spec.num_kv_heads, spec.head_dim)
+            q, k = kernels.qk_norm_rope(
+                qkv, layer.q_norm, layer.k_norm, self.eps, batch.positions, self.rope, spec.num_heads, spec.num_kv_heads
+            )
+            v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
             x = layer.o(attention(q, k, v).reshape(-1, self.q_size))
             h = kernels.add_rmsnorm(x, residual, layer.post_norm, self.eps)
             x = layer.down(kernels.silu_and_mul(layer.gate_up(h)))
