@@ -71,10 +71,10 @@ def test_minilm_head_dim_32_matches_sentence_transformers(minilm: tuple, backend
     assert cosines(vectors, reference).min() >= THRESHOLD
 
 
-def test_auto_loads_every_backend_and_picks_one_per_batch(minilm: tuple) -> None:
+def test_auto_loads_the_backends_of_its_table_and_picks_one_per_batch(minilm: tuple) -> None:
     engine, texts, reference = minilm
     engine.use_attention("auto")
-    assert set(engine.attention.backends) == set(GPU_BACKENDS)
+    assert set(engine.attention.backends) == {"torch", "fa4"}  # AUTO_TABLE for head_dim 32
     assert cosines(engine.encode(texts), reference).min() >= THRESHOLD
 
 

@@ -40,15 +40,18 @@ GPU_ORDER = ["fa3", "fa4", "fa2", "torch"]
 
 
 class AutoBackend(AttentionBackend):
-    """Every backend that loads here; each batch goes to the fastest one for its shape."""
+    """The backends of the measured table for this shape that load here (else the first of
+    GPU_ORDER that does); each batch goes to the fastest one for its shape. Backends the table
+    does not name are not loaded: importing one (FA4's CuTe DSL) costs start-up time."""
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
         table = AUTO_TABLE.get((spec.head_dim, spec.causal), [])
-        wanted = list(dict.fromkeys([name for _, name in table] + GPU_ORDER))
         self.backends: dict[str, AttentionBackend] = {}
         reasons = []
-        for name in wanted:
+        for name in list(dict.fromkeys([name for _, name in table] + GPU_ORDER)):
+            if self.backends and name not in (n for _, n in table):
+                break
             try:
                 self.backends[name] = BACKENDS[name](spec, device)
             except BackendUnavailable as why:

@@ -1,0 +1,73 @@
+"""`--attention-backend auto` on a GPU: which backends it loads and which one each batch gets,
+with stand-ins for the GPU backends so that the choice itself runs anywhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rose import attention
+from rose.attention import AttentionSpec, AutoBackend, BackendUnavailable
+from rose.batch import RaggedBatch
+
+SPEC = AttentionSpec(16, 8, 128, causal=True, dtype=torch.bfloat16)
+
+
+def stand_in(name: str, loads: bool, loaded: list[str]) -> type:
+    class StandIn(attention.SdpaBackend):
+        def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+            loaded.append(name)
+            if not loads:
+                raise BackendUnavailable(f"{name} is not installed")
+            super().__init__(spec, device)
+
+    StandIn.name = name
+    return StandIn
+
+
+@pytest.fixture
+def backends(monkeypatch: pytest.MonkeyPatch):
+    """Installs stand-ins; returns a function taking the names that fail to load and giving
+    the names whose loading was tried, in order."""
+
+    def install(failing: set[str]) -> list[str]:
+        tried: list[str] = []
+        for name in ("fa2", "fa3", "fa4", "torch"):
+            monkeypatch.setitem(attention.BACKENDS, name, stand_in(name, name not in failing, tried))
+        monkeypatch.setitem(attention.AUTO_TABLE, (128, True), [(64, "fa2"), (float("inf"), "fa3")])
+        return tried
+
+    return install
+
+
+def batch(lengths: list[int]) -> RaggedBatch:
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return RaggedBatch.from_host(np.zeros(int(cu[-1]), dtype=np.int32), cu, torch.device("cpu"))
+
+
+def test_auto_loads_only_the_backends_of_its_table(backends) -> None:
+    tried = backends(failing=set())
+    auto = AutoBackend(SPEC, torch.device("cpu"))
+    assert tried == ["fa2", "fa3"] and auto.name == "auto(fa2,fa3)"
+    assert auto.choose(batch([16] * 8)).name == "fa2"
+    assert auto.choose(batch([300, 200])).name == "fa3"
+
+
+def test_auto_falls_back_when_a_table_backend_does_not_load(backends) -> None:
+    tried = backends(failing={"fa3"})
+    auto = AutoBackend(SPEC, torch.device("cpu"))
+    assert tried == ["fa2", "fa3"] and list(auto.backends) == ["fa2"]
+    assert auto.choose(batch([300, 200])).name == "fa2"
+
+
+def test_auto_takes_the_first_backend_that_loads_when_the_table_has_none(backends) -> None:
+    tried = backends(failing={"fa2", "fa3", "fa4"})
+    auto = AutoBackend(SPEC, torch.device("cpu"))
+    assert tried == ["fa2", "fa3", "fa4", "torch"] and list(auto.backends) == ["torch"]
+
+
+def test_auto_says_why_when_nothing_loads(backends) -> None:
+    backends(failing={"fa2", "fa3", "fa4", "torch"})
+    with pytest.raises(BackendUnavailable, match="fa3 is not installed"):
+        AutoBackend(SPEC, torch.device("cpu"))
