@@ -249,8 +249,7 @@ def main() -> None:
         bodies = [{"input": b} for b in client_batches]
         asyncio.run(http_closed_loop(url, bodies[:4], 2))  # warm-up: lazy graphs, connections
         grpc_closed_loop(server.grpc, client_batches[:4], 2)
-        workers = server_info(server)["tokenization_workers"]
-        server_info(server)  # starts the engine's idle-share window here
+        workers = server_info(server)["tokenization_workers"]  # also starts the idle-share window
         before = scrape(server)
         seconds, latencies = asyncio.run(http_closed_loop(url, bodies, args.batch_concurrency))
         after = scrape(server)

@@ -81,15 +81,10 @@ class CudaGraphs:
     def run(self, key: tuple[int, int], batch: RaggedBatch, forward: Forward) -> torch.Tensor:
         """Runs the model on `batch` (already in the static buffers) through the graph of `key`."""
         entry = self.graphs[key]
-        if entry.graph is None:
-            return self._first_runs(key, entry, batch, forward)
-        entry.graph.replay()
-        self.stats.replays += 1
-        return entry.output
-
-    def _first_runs(self, key: tuple[int, int], entry: _Graph, batch: RaggedBatch, forward: Forward) -> torch.Tensor:
-        """Eager on the first hit (warm-up, JIT), capture on the second, or on the first after
-        the eager run in mode "eager"."""
+        if entry.graph is not None:
+            entry.graph.replay()
+            self.stats.replays += 1
+            return entry.output
         entry.hits += 1
         if entry.hits == 1:
             self.stats.eager_runs += 1

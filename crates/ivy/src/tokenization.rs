@@ -73,6 +73,7 @@ impl TokenizerPool {
             let mut worker = Worker {
                 tokenizer: tokenizer.clone(),
                 max_input_length,
+                busy_microseconds: metrics::counter!("ivy_tokenizer_busy_microseconds_total"),
             };
             thread::Builder::new()
                 .name(format!("ivy-tokenizer-{i}"))
@@ -140,6 +141,8 @@ fn stopped() -> IvyError {
 struct Worker {
     tokenizer: Tokenizer,
     max_input_length: usize,
+    /// Busy time against wall time times workers says whether tokenization could bottleneck.
+    busy_microseconds: metrics::Counter,
 }
 
 impl Worker {
@@ -162,8 +165,7 @@ impl Worker {
                 let _ = reply.send(self.tokenize(&text, &options));
             }
         }
-        // Busy time against wall time times workers says whether tokenization could bottleneck.
-        metrics::counter!("ivy_tokenizer_busy_microseconds_total")
+        self.busy_microseconds
             .increment(start.elapsed().as_micros() as u64);
     }
 

@@ -47,10 +47,11 @@ class AutoBackend(AttentionBackend):
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
         table = AUTO_TABLE.get((spec.head_dim, spec.causal), [])
+        named = [name for _, name in table]
         self.backends: dict[str, AttentionBackend] = {}
         reasons = []
-        for name in list(dict.fromkeys([name for _, name in table] + GPU_ORDER)):
-            if self.backends and name not in (n for _, n in table):
+        for name in dict.fromkeys(named + GPU_ORDER):
+            if self.backends and name not in named:
                 break
             try:
                 self.backends[name] = BACKENDS[name](spec, device)
