@@ -3,12 +3,19 @@
 # project wheel, restores the JIT caches carried in .gpu/cache, then runs the named steps
 # (NAME=COMMAND) with a time limit each. A step over its limit gets SIGABRT, so Python's
 # faulthandler prints every thread's stack into its log. Logs go under $OUT; each log's tail is
-# printed last. SAVE_CACHE=1 tars the JIT caches to $OUT/jit.tgz.
+# printed last. SAVE_CACHE=1 writes the caches to $OUT: FlashInfer's built modules as
+# fi-aot.tgz, Triton's and FA4's as jit.tgz; keep them in .gpu/cache for the next machine.
+#
+# FlashInfer's JIT cache cannot travel as it is: ninja rebuilds whatever is older than the
+# freshly installed headers. Its built modules are loaded without ninja from its AOT folder.
 set -u
 source .gpu/env.sh
-caches=(tmp/flashinfer-ws "${HOME#/}/.triton/cache" "${HOME#/}/.cache/rose")
+aot=/tmp/site/flashinfer/data/aot
+caches=("${HOME#/}/.triton/cache" "${HOME#/}/.cache/rose")
 if [ ! -e /tmp/.caches-restored ]; then
-  for t in .gpu/cache/*.tgz; do [ -e "$t" ] && tar xzf "$t" -C /; done
+  mkdir -p "$aot"
+  [ -e .gpu/cache/fi-aot.tgz ] && tar xzf .gpu/cache/fi-aot.tgz -C "$aot"
+  [ -e .gpu/cache/jit.tgz ] && tar xzf .gpu/cache/jit.tgz -C /
   touch /tmp/.caches-restored
 fi
 python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/ivy dist/*.whl 2>&1 | grep -v WARNING
@@ -23,6 +30,10 @@ for step in "$@"; do
   echo "${summary[-1]}" >> "$OUT/summary.txt"
 done
 if [ -n "${SAVE_CACHE:-}" ]; then
+  for built in "$FLASHINFER_WORKSPACE_BASE"/.cache/flashinfer/*/*/cached_ops/*/*.so; do
+    [ -e "$built" ] && mkdir -p "$aot/$(basename "$(dirname "$built")")" && cp -n "$built" "$aot/$(basename "$(dirname "$built")")/"
+  done
+  (cd "$aot" && tar czf "$OUT/fi-aot.tgz" ./*/*.so)
   present=(); for c in "${caches[@]}"; do [ -e "/$c" ] && present+=("$c"); done
   tar czf "$OUT/jit.tgz" -C / "${present[@]}"
 fi

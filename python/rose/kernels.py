@@ -1,13 +1,12 @@
 """Fused kernels of the decoder models: FlashInfer's on the GPU, ROSE's Triton kernels where
-FlashInfer is missing or wrong, plain torch elsewhere (the CPU, float32, or a GPU without
-either). The same kernels run eagerly and inside CUDA graphs. The torch versions follow
+FlashInfer is missing, wrong or slow to build, plain torch elsewhere (the CPU, float32, or a GPU
+without either). The same kernels run eagerly and inside CUDA graphs. The torch versions follow
 Hugging Face's arithmetic (float32 inside, the model's dtype outside) and are the reference the
 others are tested against."""
 
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
 
 import torch
@@ -25,9 +24,6 @@ _FLASHINFER_ROPE_DIMS = (64, 128, 256)
 @functools.cache
 def flashinfer() -> ModuleType | None:
     """FlashInfer, when it imports."""
-    # Its RMSNorm kernels default to CuTe DSL ones, compiled anew in every process (seconds each,
-    # at every start); the CUDA ones are compiled once per machine and kept on disk.
-    os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
     try:
         import flashinfer as module
     except ImportError:
@@ -60,11 +56,14 @@ def _triton_for(x: torch.Tensor) -> ModuleType | None:
     return triton_kernels() if _gpu_16bit(x) else None
 
 
+# The norms are Triton's, not FlashInfer's: FlashInfer's CUDA norm module took over 150 s of
+# nvcc on a fresh H200 (its whole norm family is one module), and its default CuTe DSL norms
+# compile again in every process; Triton compiles one kernel in about a second and keeps it.
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension; x is [tokens, dim] or [tokens, heads, dim] (QK-norm)."""
-    fi, tr = _flashinfer_for(x), _triton_for(x)
-    if fi is not None:
-        return fi.norm.rmsnorm(x, weight, eps, enable_pdl=ENABLE_PDL)
+    tr = _triton_for(x)
     if tr is not None:
         return tr.rmsnorm(x, weight, eps)
     x32 = x.float()
@@ -73,10 +72,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """residual += x, then returns RMSNorm(residual). Both tensors may be overwritten."""
-    fi, tr = _flashinfer_for(x), _triton_for(x)
-    if fi is not None:
-        fi.norm.fused_add_rmsnorm(x, residual, weight, eps, enable_pdl=ENABLE_PDL)
-        return x
+    tr = _triton_for(x)
     if tr is not None:
         return tr.add_rmsnorm(x, residual, weight, eps)
     residual.add_(x)

@@ -1,5 +1,6 @@
-"""Triton versions of the decoder's norm, RoPE and activation kernels, for GPUs without
-FlashInfer and for head dims where FlashInfer's RoPE is wrong (16 on the H200).
+"""Triton versions of the decoder's norm, RoPE and activation kernels: the norms and Qwen3's
+fused QK-norm and RoPE always, the others for GPUs without FlashInfer and for head dims where
+FlashInfer's RoPE is wrong (16 on the H200).
 Arithmetic in float32 inside, the model's dtype outside, as the torch reference in kernels.py."""
 
 from __future__ import annotations
