@@ -257,11 +257,18 @@ class Engine:
         tokens and max_batch_requests sequences."""
         out = []
         budget = max_batch_tokens or self.max_batch_tokens
+        pending: LazyTensor | None = None
         for chunk in _pack(sequences, budget, self.max_batch_requests):
             lengths = np.array([len(s) for s in chunk], dtype=np.int32)
             cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             ids = np.fromiter((t for s in chunk for t in s), dtype=np.int32, count=int(cu[-1]))
-            out.append(torch.from_numpy(self.step(ids, cu).wait()))
+            # The next batch is enqueued before the previous one is waited for, as Tulip does.
+            lazy = self.step(ids, cu)
+            if pending is not None:
+                out.append(torch.from_numpy(pending.wait()))
+            pending = lazy
+        if pending is not None:
+            out.append(torch.from_numpy(pending.wait()))
         if not out:
             return np.zeros((0, dimensions or self.dimensions), dtype=np.float32)
         return shape_vectors(torch.cat(out), dimensions, normalize).numpy()

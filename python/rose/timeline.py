@@ -17,6 +17,7 @@ class StepTimeline:
         self._last_end: torch.cuda.Event | None = None
         self._busy_ms = 0.0
         self._span_ms = 0.0
+        self._restart = False
 
     def begin(self) -> None:
         self._start = torch.cuda.Event(enable_timing=True)
@@ -31,6 +32,8 @@ class StepTimeline:
     def _collect(self) -> None:
         while self._pending and self._pending[0][1].query():
             start, end = self._pending.popleft()
+            if self._restart:
+                self._last_end, self._restart = None, False
             busy = start.elapsed_time(end)
             self._busy_ms += busy
             # From the previous step's end: the gap before this step, then its work.
@@ -41,4 +44,7 @@ class StepTimeline:
         """The share of GPU time spent between the steps finished since the last call."""
         busy, span = self._busy_ms, self._span_ms
         self._busy_ms = self._span_ms = 0.0
+        # The next window starts with the next step: the wait before it is the client's, not a
+        # gap between steps. A flag, since _last_end belongs to the engine's thread.
+        self._restart = True
         return max(0.0, 1.0 - busy / span) if span > 0 else None
