@@ -52,7 +52,8 @@ def _flashinfer_for(x: torch.Tensor) -> ModuleType | None:
 
 
 def _triton_for(x: torch.Tensor) -> ModuleType | None:
-    """ROSE's Triton kernels, for 16-bit x on the GPU: where FlashInfer is missing or wrong."""
+    """ROSE's Triton kernels, for 16-bit x on the GPU: where FlashInfer is missing, wrong or slow
+    to build."""
     return triton_kernels() if _gpu_16bit(x) else None
 
 
