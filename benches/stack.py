@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -34,6 +35,7 @@ import torch
 import rose
 import tulip
 from corpus import documents, queries
+from cpu_threads import cores_busy, describe, thread_cpu
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from support import Server, start_server  # noqa: E402
@@ -65,6 +67,20 @@ def scrape(server: Server) -> dict[str, float]:
 def tokenizer_load(before: dict[str, float], after: dict[str, float], seconds: float, workers: int) -> float:
     """The tokenizer pool's busy share over a run: 1.0 would make tokenization the bottleneck."""
     return (after.get("tokenizer_busy", 0) - before.get("tokenizer_busy", 0)) / (seconds * workers)
+
+
+def cpu_mark(server: Server) -> tuple[dict[str, float], float]:
+    """CPU seconds so far: the server's per thread group, and this load generator's."""
+    return thread_cpu(server.process.pid), time.process_time()
+
+
+def cpu_use(server: Server, mark: tuple[dict[str, float], float], seconds: float) -> dict:
+    """Cores kept busy since `mark`: in the server per thread group, and in the load generator."""
+    threads, client = mark
+    return {
+        "server": cores_busy(threads, thread_cpu(server.process.pid), seconds),
+        "load_generator": (time.process_time() - client) / seconds,
+    }
 
 
 def split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -239,7 +255,7 @@ def main() -> None:
         client_batches.append(docs[start : start + rng.randint(*args.client_batch)])
     online = queries(args.queries, 5, 30, count)
     report: dict = {"device": args.device, "model": model_dir.model_id, "docs": len(docs),
-                    "doc_tokens": doc_tokens, "queries": len(online)}  # fmt: skip
+                    "doc_tokens": doc_tokens, "queries": len(online), "cores": os.cpu_count()}  # fmt: skip
     print(f"{len(docs)} documents ({doc_tokens} tokens) in {len(client_batches)} client batches; "
           f"{len(online)} queries; {args.device}; {report['model']}", flush=True)  # fmt: skip
 
@@ -259,8 +275,9 @@ def main() -> None:
         asyncio.run(http_closed_loop(url, bodies[:4], 2))  # warm-up: lazy graphs, connections
         grpc_closed_loop(server.grpc, client_batches[:4], 2)
         workers = server_info(server)["tokenization_workers"]  # also starts the idle-share window
-        before = scrape(server)
+        before, mark = scrape(server), cpu_mark(server)
         seconds, latencies = asyncio.run(http_closed_loop(url, bodies * args.batch_rounds, args.batch_concurrency))
+        report["cpu_batch_http"] = cpu_use(server, mark, seconds)
         after = scrape(server)
         rates["stack over HTTP"] = doc_tokens * args.batch_rounds / seconds
         report["batch_http"] = {"seconds": seconds, **percentiles(latencies), "split_ms": split(before, after)}
@@ -268,7 +285,9 @@ def main() -> None:
         report["tokenizer_load_batch_http"] = tokenizer_load(before, after, seconds, workers)
         report["tokenization_workers"] = workers
         print(f"stack over HTTP: {rates['stack over HTTP']:,.0f} tokens/s", flush=True)
+        mark = cpu_mark(server)
         seconds, latencies = grpc_closed_loop(server.grpc, client_batches * args.batch_rounds, args.batch_concurrency)
+        report["cpu_batch_grpc"] = cpu_use(server, mark, seconds)
         rates["stack over gRPC"] = doc_tokens * args.batch_rounds / seconds
         report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
         print(f"stack over gRPC: {rates['stack over gRPC']:,.0f} tokens/s", flush=True)
@@ -350,6 +369,10 @@ def print_tables(report: dict) -> None:
         print(f"GPU idle between steps during the HTTP batch run: {report['gpu_idle_after_batch_http']:.1%}")
     print(f"tokenizer pool busy during the HTTP batch run: {report['tokenizer_load_batch_http']:.1%} "
           f"of {report['tokenization_workers']} workers")  # fmt: skip
+    for run in ("HTTP", "gRPC"):
+        cpu = report[f"cpu_batch_{run.lower()}"]
+        print(f"cores busy during the {run} batch run, of {report['cores']}: server {describe(cpu['server'])}; "
+              f"load generator {cpu['load_generator']:.2f}")  # fmt: skip
     print("\n| online load | req/s | p50 ms | p95 ms | p99 ms | tokenize / queue / infer / transfer ms |")
     print("|---|---|---|---|---|---|")
     for r in report["online_http"]:
