@@ -11,12 +11,12 @@ import argparse
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 import rose
+from timing import best_of
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from models import QWEN3_SHAPES, save_qwen3  # noqa: E402
@@ -30,18 +30,6 @@ def model_flops(shape: dict, lengths: list[int], causal: bool) -> float:
     dense = 2 * (h * (q + 2 * kv) + q * h + 3 * h * inter) * sum(lengths)
     attention = sum(4 * n * n * q for n in lengths) * (0.5 if causal else 1.0)
     return layers * (dense + attention)
-
-
-def timed(fn, repeats: int = 3) -> float:
-    fn()  # warm-up: JIT, allocator
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -88,7 +76,7 @@ def rose_times(
     for backend in backends:
         engine.use_attention(backend)
         out.append(
-            (engine.attention.name, timed(lambda: engine.embed_ids(sequences, max_batch_tokens=max_batch_tokens)))
+            (engine.attention.name, best_of(lambda: engine.embed_ids(sequences, max_batch_tokens=max_batch_tokens), 3))
         )
     return out
 
@@ -114,7 +102,7 @@ def hf_rate(folder: Path, sequences: list[list[int]], batch: int, flops: float) 
                     mask = torch.where(mask[:, None, None, :].bool(), 0.0, float("-inf")).to(torch.bfloat16)
                 model(input_ids=ids, attention_mask=mask).last_hidden_state.float().cpu()
 
-    seconds = timed(run, repeats=2)
+    seconds = best_of(run, repeats=2)
     return sum(map(len, sequences)) / seconds, flops / seconds / 1e12
 
 

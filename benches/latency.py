@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import requests
@@ -83,9 +84,9 @@ def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tu
     """Client-side round trips (a keep-alive http.client connection, bodies serialized ahead) and
     the server's own x-total-time, in milliseconds."""
     rng = np.random.default_rng(1)
-    host, port = url.split("//")[1].split("/")[0].split(":")
-    path = "/" + url.split("//")[1].split("/", 1)[1]
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    parts = urlsplit(url)
+    path = parts.path
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     headers = {"content-type": "application/json"}
     bodies = [
         json.dumps({"input": [rng.integers(1000, 20000, size=length).tolist() for _ in range(sequences)]})

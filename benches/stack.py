@@ -36,6 +36,7 @@ import rose
 import tulip
 from corpus import documents, queries
 from cpu_threads import cores_busy, describe, thread_cpu
+from timing import best_of
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from support import Server, start_server  # noqa: E402
@@ -145,18 +146,6 @@ def grpc_closed_loop(address: str, batches: list[list[str]], concurrency: int) -
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, batches))
     return time.perf_counter() - start, latencies
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up (and, on the GPU, lazy graph capture)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def token_counter(model_dir: rose.ModelDir) -> Callable[[str], int]:
