@@ -14,13 +14,15 @@ from rose.graphs import bucket
 from support import cosines
 
 
-def random_batches(rng: np.random.Generator, vocab: int, count: int) -> list[list[list[int]]]:
+def random_batches(
+    rng: np.random.Generator, vocab: int, count: int, max_sequences: int = 40, max_length: int = 256
+) -> list[list[list[int]]]:
     """Batches of random sizes, each sent three times (eager warm-up, capture, replay), the big
     ones first so that smaller ones replay over their leftovers."""
     batches = []
     for _ in range(count):
-        sequences = int(rng.integers(1, 40))
-        lengths = rng.integers(1, 256, size=sequences)
+        sequences = int(rng.integers(1, max_sequences))
+        lengths = rng.integers(1, max_length, size=sequences)
         batches.append([rng.integers(0, vocab, size=n).tolist() for n in lengths])
     batches.sort(key=lambda b: -sum(map(len, b)))
     return [b for b in batches for _ in range(3)]
@@ -47,7 +49,9 @@ def test_qwen3_replays_match_eager_runs(tmp_path, bidirectional: bool) -> None:
     graphs = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
     eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
     # Each path against the float32 reference too, so that a failure says which one is wrong.
-    for sequences in random_batches(np.random.default_rng(3), 30522, 6):
+    # The short batches (online queries) take rose.small_batch's kernels.
+    rng = np.random.default_rng(3)
+    for sequences in random_batches(rng, 30522, 6) + random_batches(rng, 30522, 6, max_sequences=6, max_length=12):
         expected = fidelity.reference(eager, sequences)
         worst = {
             "graphs": cosines(graphs.embed_ids(sequences), expected).min(),
