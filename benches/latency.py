@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--qwen3", choices=["tiny", "0.6b"], help="random Qwen3 of this shape instead of MiniLM")
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--engine-only", action="store_true", help="skip the HTTP rows and the start-up timing")
+    parser.add_argument("--attention-backend", default="auto", help="ROSE's attention backend (default auto)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp())
     folder = None
@@ -149,7 +150,10 @@ def main() -> None:
         folder = save_qwen3(work / f"qwen3-{args.qwen3}", args.qwen3, bidirectional=False)
     model = f"Qwen3 {args.qwen3} shape (random weights)" if folder else "all-MiniLM-L6-v2"
     # Rows are printed as they are measured, so that a run cut short still reports.
-    print(f"{model}, bf16, {torch.cuda.get_device_name()}, {args.iterations} requests each, one at a time")
+    device = torch.cuda.get_device_name()
+    print(
+        f"{model}, bf16, {device}, attention {args.attention_backend}, {args.iterations} requests each, one at a time"
+    )
     print("| path | CUDA graphs | request | p50 ms | p99 ms |")
     print("|---|---|---|---|---|")
 
@@ -157,7 +161,9 @@ def main() -> None:
         print(f"| {path} | {graphs} | {name} | {np.percentile(ms, 50):.3f} | {np.percentile(ms, 99):.3f} |", flush=True)
 
     for graphs in ("lazy", "off"):
-        engine = rose.Engine(folder, device="cuda", cuda_graphs=graphs, verify=False)
+        engine = rose.Engine(
+            folder, device="cuda", cuda_graphs=graphs, attention_backend=args.attention_backend, verify=False
+        )
         for name, (n, length) in SHAPES.items():
             row("engine", graphs, name, engine_latencies(engine, n, length, args.iterations))
             row("engine, GPU time", graphs, name, gpu_milliseconds(engine, n, length))
@@ -168,7 +174,8 @@ def main() -> None:
     if args.engine_only:
         return
     for graphs in ("lazy", "off"):
-        extra = ["--device", "cuda", "--cuda-graphs", graphs] + (["--model", str(folder)] if folder else [])
+        extra = ["--device", "cuda", "--cuda-graphs", graphs, "--attention-backend", args.attention_backend]
+        extra += ["--model", str(folder)] if folder else []
         server = start_server(work, *extra)
         try:
             for name, (n, length) in SHAPES.items():

@@ -36,6 +36,9 @@ def backends(monkeypatch: pytest.MonkeyPatch):
         for name in ("fa2", "fa3", "fa4", "torch"):
             monkeypatch.setitem(attention.BACKENDS, name, stand_in(name, name not in failing, tried))
         monkeypatch.setitem(attention.AUTO_TABLE, (128, True), [(64, "fa2"), (float("inf"), "fa3")])
+        small = stand_in("triton", "triton" not in failing, tried)
+        small.max_tokens = 64
+        monkeypatch.setattr(attention, "SmallBatchBackend", small)
         return tried
 
     return install
@@ -49,22 +52,31 @@ def batch(lengths: list[int]) -> RaggedBatch:
 def test_auto_loads_only_the_backends_of_its_table(backends) -> None:
     tried = backends(failing=set())
     auto = AutoBackend(SPEC, torch.device("cpu"))
-    assert tried == ["fa2", "fa3"] and auto.name == "auto(fa2,fa3)"
+    assert tried == ["fa2", "fa3", "triton"] and auto.name == "auto(fa2,fa3,triton)"
     assert auto.choose(batch([16] * 8)).name == "fa2"
     assert auto.choose(batch([300, 200])).name == "fa3"
 
 
-def test_auto_falls_back_when_a_table_backend_does_not_load(backends) -> None:
-    tried = backends(failing={"fa3"})
+def test_auto_sends_small_batches_to_the_triton_kernel(backends) -> None:
+    backends(failing=set())
     auto = AutoBackend(SPEC, torch.device("cpu"))
-    assert tried == ["fa2", "fa3"] and list(auto.backends) == ["fa2"]
+    assert auto.choose(batch([16])).name == "triton" and auto.choose(batch([8] * 8)).name == "triton"
+    assert auto.choose(batch([8] * 8 + [1])).name == "fa2"
+    assert AutoBackend(AttentionSpec(12, 12, 32, causal=False), torch.device("cpu")).small is None
+
+
+def test_auto_falls_back_when_a_table_backend_does_not_load(backends) -> None:
+    tried = backends(failing={"fa3", "triton"})
+    auto = AutoBackend(SPEC, torch.device("cpu"))
+    assert tried == ["fa2", "fa3", "triton"] and list(auto.backends) == ["fa2"] and auto.small is None
+    assert auto.choose(batch([16])).name == "fa2"
     assert auto.choose(batch([300, 200])).name == "fa2"
 
 
 def test_auto_takes_the_first_backend_that_loads_when_the_table_has_none(backends) -> None:
     tried = backends(failing={"fa2", "fa3", "fa4"})
     auto = AutoBackend(SPEC, torch.device("cpu"))
-    assert tried == ["fa2", "fa3", "fa4", "torch"] and list(auto.backends) == ["torch"]
+    assert tried == ["fa2", "fa3", "fa4", "torch", "triton"] and list(auto.backends) == ["torch"]
 
 
 def test_auto_says_why_when_nothing_loads(backends) -> None:

@@ -7,16 +7,10 @@ others are tested against."""
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from rose.attention import AttentionSpec
-    from rose.layers import Linear
 
 # Programmatic dependent launch for FlashInfer's kernels: None lets FlashInfer decide (on for
 # Hopper and later), False turns it off.
@@ -61,27 +55,6 @@ def _triton_for(x: torch.Tensor) -> ModuleType | None:
     """ROSE's Triton kernels, for 16-bit x on the GPU: where FlashInfer is missing, wrong or slow
     to build."""
     return triton_kernels() if _gpu_16bit(x) else None
-
-
-def small_batch_for(x: torch.Tensor, spec: AttentionSpec, linears: list[tuple[Linear, int]]) -> ModuleType | None:
-    """rose.small_batch, when its kernels take this model: 16-bit weights on the GPU, no biases,
-    shapes its kernels fit (`linears`: each dense layer with the number of matrices fused in it).
-    ROSE_SMALL_BATCH=0 turns them off."""
-    tr = _triton_for(x)
-    if tr is None or os.environ.get("ROSE_SMALL_BATCH", "1") == "0" or not tr.fits_qk_norm_rope(spec.head_dim):
-        return None
-    from rose import small_batch
-
-    if not small_batch.fits_attention(spec.head_dim, spec.num_heads, spec.num_kv_heads):
-        return None
-    for linear, parts in linears:
-        if (
-            linear.bias is not None
-            or linear.weight.dtype != x.dtype
-            or not small_batch.fits_linear(linear.weight, parts)
-        ):
-            return None
-    return small_batch
 
 
 # The norms are Triton's, not FlashInfer's: FlashInfer's CUDA norm module took over 150 s of

@@ -29,7 +29,8 @@ class LazyTensor:
             host.copy_(values, non_blocking=True)
             # The compute stream may reuse `values` once the copy that reads it is done.
             values.record_stream(copy_stream)
-            done = torch.cuda.Event()
+            # Blocking: a waiter sleeps until the copy is done instead of spinning on a core.
+            done = torch.cuda.Event(blocking=True)
             done.record(copy_stream)
         return cls(host, done)
 

@@ -1,6 +1,7 @@
 """Triton versions of the decoder's norm, RoPE and activation kernels: the norms and Qwen3's
 fused QK-norm and RoPE always, the others for GPUs without FlashInfer and for head dims where
-FlashInfer's RoPE is wrong (16 on the H200).
+FlashInfer's RoPE is wrong (16 on the H200); and attention for small batches (the "triton"
+attention backend).
 Arithmetic in float32 inside, the model's dtype outside, as the torch reference in kernels.py."""
 
 from __future__ import annotations
@@ -154,3 +155,55 @@ def qk_norm_rope(
         HALF=head_dim // 2,
     )  # fmt: skip
     return q, k
+
+
+SMALL_BATCH_TOKENS = 64
+"""The largest (padded) batch small_batch_attention takes: a head's whole score matrix sits in
+registers."""
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, seq_ptr, out_ptr, T, v_stride, scale,
+    H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """One head over every token of the batch; token i sees token j when both are of the same
+    sequence (and j <= i when causal)."""
+    head = tl.program_id(0)
+    kv_head = head // (H // HK)
+    t = tl.arange(0, BLOCK_T)
+    d = tl.arange(0, D)[None, :]
+    valid = t < T
+    q = tl.load(q_ptr + (t[:, None] * H + head) * D + d, mask=valid[:, None], other=0.0)
+    k = tl.load(k_ptr + (t[:, None] * HK + kv_head) * D + d, mask=valid[:, None], other=0.0)
+    v = tl.load(v_ptr + t[:, None] * v_stride + kv_head * D + d, mask=valid[:, None], other=0.0)
+    scores = tl.dot(q, tl.trans(k)) * scale
+    seq_row = tl.load(seq_ptr + t, mask=valid, other=-1)
+    seq_col = tl.load(seq_ptr + t, mask=valid, other=-2)
+    seen = seq_row[:, None] == seq_col[None, :]
+    if CAUSAL:
+        seen = seen & (t[None, :] <= t[:, None])
+    scores = tl.where(seen, scores, -1e30)  # finite: the padding rows see nothing and stay finite
+    p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    out = tl.dot(p.to(v.dtype), v)
+    tl.store(out_ptr + (t[:, None] * H + head) * D + d, out.to(v.dtype), mask=valid[:, None])
+
+
+def small_batch_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_ids: torch.Tensor, causal: bool, scale: float
+) -> torch.Tensor:
+    """Attention over a packed batch of at most SMALL_BATCH_TOKENS tokens in one launch: q [T, H, D]
+    and k [T, HK, D] contiguous, v [T, HK, D] with strided rows (a view into the fused
+    projection); `seq_ids` [T] gives each token's sequence. Returns [T, H * D]."""
+    tokens, heads, dim = q.shape
+    assert tokens <= SMALL_BATCH_TOKENS and q.is_contiguous() and k.is_contiguous()
+    assert v.stride(1) == dim and v.stride(2) == 1
+    out = torch.empty(tokens, heads * dim, dtype=q.dtype, device=q.device)
+    _attention_kernel[(heads,)](
+        q, k, v, seq_ids, out, tokens, v.stride(0), scale,
+        H=heads, HK=k.shape[1], D=dim, CAUSAL=causal,
+        BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
+    )  # fmt: skip
+    return out

@@ -9,7 +9,7 @@ import torch
 
 import rose
 from models import save_qwen3
-from rose import fidelity
+from rose import attention, fidelity
 from rose.graphs import bucket
 from support import cosines
 
@@ -44,12 +44,13 @@ def test_replays_match_eager_runs_for_every_bucket(backend: str) -> None:
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_qwen3_replays_match_eager_runs(tmp_path, bidirectional: bool) -> None:
+def test_qwen3_replays_match_eager_runs(tmp_path, monkeypatch, bidirectional: bool) -> None:
+    # The short batches (online queries) go to the "triton" attention kernel, at the tiny head_dim too.
+    monkeypatch.setattr(attention, "SMALL_BATCH_SHAPES", {(16, not bidirectional)})
     folder = save_qwen3(tmp_path / "qwen3", "tiny", bidirectional=bidirectional)
     graphs = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
     eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
     # Each path against the float32 reference too, so that a failure says which one is wrong.
-    # The short batches (online queries) take rose.small_batch's kernels.
     rng = np.random.default_rng(3)
     for sequences in random_batches(rng, 30522, 6) + random_batches(rng, 30522, 6, max_sequences=6, max_length=12):
         expected = fidelity.reference(eager, sequences)
@@ -58,6 +59,7 @@ def test_qwen3_replays_match_eager_runs(tmp_path, bidirectional: bool) -> None:
             "eager": cosines(eager.embed_ids(sequences), expected).min(),
         }
         assert min(worst.values()) >= 0.999, worst
+    assert graphs.attention.small is not None
 
 
 def test_the_lru_keeps_at_most_max_graphs() -> None:

@@ -12,6 +12,7 @@ from rose.attention.fa4 import FlashAttention4Backend
 from rose.attention.flashinfer import FlashInfer3Backend, FlashInferBackend
 from rose.attention.sdpa import SdpaBackend
 from rose.attention.torch_varlen import TorchVarlenBackend
+from rose.attention.triton_small import SmallBatchBackend
 from rose.batch import RaggedBatch
 
 __all__ = ["AttentionBackend", "AttentionSpec", "BackendUnavailable", "create_backend", "BACKENDS"]
@@ -37,6 +38,9 @@ AUTO_TABLE: dict[tuple[int, bool], list[tuple[float, str]]] = {
     (128, True): [(64, "fa2"), (math.inf, "fa3")],
 }
 GPU_ORDER = ["fa3", "fa4", "fa2", "torch"]
+# Shapes whose small batches (online queries: SmallBatchBackend's max_tokens or fewer in all) take
+# ROSE's Triton kernel instead (benches/latency.py on the H200, benches/RESULTS.md).
+SMALL_BATCH_SHAPES = {(128, False), (128, True)}
 
 
 class AutoBackend(AttentionBackend):
@@ -63,9 +67,17 @@ class AutoBackend(AttentionBackend):
         self.table = [(bound, name) for bound, name in table if name in self.backends]
         self.fallback = next(iter(self.backends))
         self.current = self.backends[self.fallback]
-        self.name = "auto(" + ",".join(self.backends) + ")"
+        self.small: SmallBatchBackend | None = None
+        if (spec.head_dim, spec.causal) in SMALL_BATCH_SHAPES:
+            try:
+                self.small = SmallBatchBackend(spec, device)
+            except BackendUnavailable as why:
+                log.info("attention backend triton unavailable: %s", why)
+        self.name = "auto(" + ",".join([*self.backends, *(["triton"] if self.small else [])]) + ")"
 
     def choose(self, batch: RaggedBatch) -> AttentionBackend:
+        if self.small is not None and batch.num_tokens <= self.small.max_tokens:
+            return self.small
         mean_length = batch.num_tokens / max(batch.num_sequences, 1)
         name = next((name for bound, name in self.table if mean_length <= bound), self.fallback)
         return self.backends[name]

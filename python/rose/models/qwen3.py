@@ -82,14 +82,9 @@ class Qwen3:
                     down=linear([f"{p}.mlp.down_proj"]),
                 )
             )
-        first = self.layers[0]
-        linears = [(first.qkv, 1), (first.o, 1), (first.gate_up, 2), (first.down, 1)]
-        self.small_batch = kernels.small_batch_for(self.embed_tokens, self.attention_spec, linears)
 
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states after the final norm."""
-        if self.small_batch is not None and batch.num_tokens <= self.small_batch.MAX_TOKENS:
-            return self._forward_small(batch)
         spec = self.attention_spec
         x = self.embed_tokens[batch.input_ids]
         residual = x.clone()
@@ -106,18 +101,3 @@ class Qwen3:
             h = kernels.add_rmsnorm(x, residual, layer.post_norm, self.eps)
             x = layer.down(kernels.silu_and_mul(layer.gate_up(h)))
         return kernels.add_rmsnorm(x, residual, self.norm, self.eps)
-
-    def _forward_small(self, batch: RaggedBatch) -> torch.Tensor:
-        """forward() in six kernels a layer, for online queries (see rose.small_batch)."""
-        fused, spec = self.small_batch, self.attention_spec
-        residual = self.embed_tokens[batch.input_ids]
-        for layer in self.layers:
-            qkv = fused.norm_linear(residual, layer.input_norm, self.eps, layer.qkv.weight)
-            q, k = kernels.qk_norm_rope(
-                qkv, layer.q_norm, layer.k_norm, self.eps, batch.positions, self.rope, spec.num_heads, spec.num_kv_heads
-            )
-            v = qkv[:, self.q_size + self.kv_size :].view(-1, spec.num_kv_heads, spec.head_dim)
-            fused.linear_add(fused.attention(q, k, v, batch.seq_ids, spec.causal, spec.scale), layer.o.weight, residual)
-            h = fused.norm_linear_silu_and_mul(residual, layer.post_norm, self.eps, layer.gate_up.weight)
-            fused.linear_add(h, layer.down.weight, residual)
-        return kernels.rmsnorm(residual, self.norm, self.eps)

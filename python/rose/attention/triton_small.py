@@ -1,0 +1,36 @@
+"""ROSE's Triton attention for small batches (online queries, at most 64 tokens in all): one
+program per head over the whole packed batch, a block-diagonal mask keeping the sequences apart.
+No host-side plan, and v is read where the fused projection left it."""
+
+from __future__ import annotations
+
+import torch
+
+from rose import kernels
+from rose.attention.base import AttentionSpec, BackendUnavailable, OffsetsOnDeviceBackend
+
+
+class SmallBatchBackend(OffsetsOnDeviceBackend):
+    """rose.triton_kernels.small_batch_attention, for batches of at most `max_tokens` tokens;
+    AutoBackend sends it those."""
+
+    name = "triton"
+
+    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+        super().__init__(spec, device)
+        self.require_cuda(self.name, device, spec, (8, 0))
+        self._kernels = kernels.triton_kernels()
+        if self._kernels is None:
+            raise BackendUnavailable("triton is not installed")
+        self.max_tokens = self._kernels.SMALL_BATCH_TOKENS
+        dim = spec.head_dim
+        if dim < 16 or dim & (dim - 1) or spec.num_heads % spec.num_kv_heads:
+            raise BackendUnavailable(f"head_dim {dim} is not a power of two of at least 16")
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.shape[0] > self.max_tokens:
+            raise ValueError(f"the {self.name} backend takes at most {self.max_tokens} tokens, not {q.shape[0]}")
+        attend = self._kernels.small_batch_attention
+        return attend(q.contiguous(), k.contiguous(), v, self.batch.seq_ids, self.spec.causal, self.spec.scale).view(
+            q.shape
+        )
