@@ -88,7 +88,7 @@ class Engine:
         self.max_batch_requests = max_batch_requests or 512
         started = time.perf_counter()
         self._cls = model_class(self.model_dir.model_type)
-        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes, self.device)
+        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
         self.model = self._cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
         del weights
         self.use_attention(attention_backend)
@@ -210,7 +210,7 @@ class Engine:
 
     def reference_model(self) -> Any:
         """The model again, in float32: the reference of the fidelity check."""
-        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes, self.device)
+        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
         return self._cls(self.model_dir.config, weights, torch.float32, self.device, torch.float32)
 
     def stats(self) -> dict[str, Any]:
