@@ -11,7 +11,7 @@ use crate::backend::{Embeddings, VectorShape};
 use crate::error::IvyError;
 use crate::input::Input;
 use crate::server::Gateway;
-use crate::tokenization::EncodeOptions;
+use crate::tokenization::{EncodeOptions, INLINE_BYTES};
 
 /// What a route asks of the shared path.
 #[derive(Debug, Clone)]
@@ -41,11 +41,19 @@ impl Gateway {
         let _permit = self.admit()?;
         self.check_batch_size(call.inputs.len())?;
         let dimensions = self.check_dimensions(call.dimensions)?;
+        let prompt: Arc<str> = self.prompt(call.prompt_name.as_deref())?.into();
+        let text_bytes: usize = (call.inputs.iter())
+            .map(|input| match input {
+                Input::Text(text) => prompt.len() + text.len(),
+                Input::Ids(_) => 0,
+            })
+            .sum();
         let options = Arc::new(EncodeOptions {
-            prompt: self.prompt(call.prompt_name.as_deref())?.into(),
+            prompt,
             truncate: call.truncate.unwrap_or(self.args().auto_truncate),
             direction: call.direction,
             add_special_tokens: true,
+            inline: text_bytes <= INLINE_BYTES,
         });
         let sequences = try_join_all(
             call.inputs

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -126,6 +127,12 @@ pub async fn run(
         info.device,
         info.attention_backend
     );
+    // Without TCP_NODELAY a response written in two parts can wait for the client's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY on a connection: {err}");
+        }
+    });
     axum::serve(listener, crate::routes::router(gateway))
         .with_graceful_shutdown(shutdown)
         .await

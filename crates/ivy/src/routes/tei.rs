@@ -78,6 +78,7 @@ pub(super) async fn tokenize(
         truncate: false,
         direction: TruncationDirection::Right,
         add_special_tokens: request.add_special_tokens,
+        inline: false,
     });
     let texts = parse_inputs(&request.inputs, "inputs")?
         .into_iter()
