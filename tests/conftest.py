@@ -12,7 +12,7 @@ import torch
 
 from support import Server, start_server, varied_texts
 
-# Without a GPU, ROSE's Triton kernels run in Triton's interpreter (tests/test_small_batch.py);
+# Without a GPU, ROSE's Triton kernels run in Triton's interpreter (tests/test_small_batch_attention.py);
 # Triton reads the setting when it is first imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -30,7 +30,6 @@ class SmallBatchBackend(OffsetsOnDeviceBackend):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if q.shape[0] > self.max_tokens:
             raise ValueError(f"the {self.name} backend takes at most {self.max_tokens} tokens, not {q.shape[0]}")
-        attend = self._kernels.small_batch_attention
-        return attend(q.contiguous(), k.contiguous(), v, self.batch.seq_ids, self.spec.causal, self.spec.scale).view(
-            q.shape
-        )
+        spec, seq_ids = self.spec, self.batch.seq_ids
+        out = self._kernels.small_batch_attention(q.contiguous(), k.contiguous(), v, seq_ids, spec.causal, spec.scale)
+        return out.view(q.shape)
