@@ -49,6 +49,16 @@ def test_openai_usage_counts_tokens(server: Server) -> None:
     assert body["object"] == "list" and body["data"][0]["object"] == "embedding"
 
 
+def test_floats_are_written_as_float32(server: Server) -> None:
+    # The shortest text that reads back to the same float32 (at most 9 significant digits), as
+    # TEI's route writes them; not float64's 17 digits of the widened value.
+    body = post(server, "/v1/embeddings", {"input": "hello world"}).text
+    numbers = body.split('"embedding":[')[1].split("]")[0].split(",")
+    digits = [len(t.lower().split("e")[0].lstrip("-").replace(".", "").lstrip("0")) for t in numbers]
+    assert len(numbers) == 384 and max(digits) <= 9, max(digits)
+    assert post(server, "/embed", {"inputs": "hello world"}).text.strip("[]").split(",") == numbers
+
+
 def test_tei_route_matches_sentence_transformers(server: Server, texts: list[str], reference: np.ndarray) -> None:
     response = post(server, "/embed", {"inputs": texts, "truncate": True})
     assert response.status_code == 200, response.text
