@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from support import Server, start_server, varied_texts
-
-# Without a GPU, ROSE's Triton kernels run in Triton's interpreter (tests/test_small_batch_attention.py);
-# Triton reads the setting when it is first imported.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""ROSE's Triton kernels (fused QK-norm and RoPE; the others where FlashInfer is missing or
-wrong) match the torch reference, checked on the CPU through Triton's interpreter in a process
+"""ROSE's Triton kernels (fused QK-norm and RoPE, small-batch attention; the others where
+FlashInfer is missing or wrong) match the torch reference, checked on the CPU through Triton's interpreter in a process
 of its own (the interpreter is chosen when Triton is first imported)."""
 
 from __future__ import annotations

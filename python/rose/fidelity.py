@@ -56,15 +56,14 @@ def check(engine: Engine, threshold: float = 0.999) -> dict[str, Any]:
     # The short ones alone too: a batch of online queries takes other kernels (the triton
     # attention backend, up to 64 tokens).
     short = next((i for i in range(len(fixed)) if sum(map(len, fixed[: i + 1])) > 64), len(fixed))
+    batches = [(fixed, expected), (fixed[:short], expected[:short])]
     fallbacks = []
     while True:
         # Three runs: with lazy graphs, a bucket's eager run, its capture and a replay.
         worst = min(
-            min(
-                float(cosines(engine.embed_ids(fixed, normalize=False), expected).min()),
-                float(cosines(engine.embed_ids(fixed[:short], normalize=False), expected[:short]).min()),
-            )
+            float(cosines(engine.embed_ids(batch, normalize=False), want).min())
             for _ in range(3)
+            for batch, want in batches
         )
         path = f"{engine.attention.name}, {engine.dtype_name}, graphs {engine.graphs.mode if engine.graphs else 'off'}"
         if worst >= threshold:

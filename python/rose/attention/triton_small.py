@@ -24,8 +24,10 @@ class SmallBatchBackend(OffsetsOnDeviceBackend):
             raise BackendUnavailable("triton is not installed")
         self.max_tokens = self._kernels.SMALL_BATCH_TOKENS
         dim = spec.head_dim
-        if dim < 16 or dim & (dim - 1) or spec.num_heads % spec.num_kv_heads:
+        if dim < 16 or dim & (dim - 1):
             raise BackendUnavailable(f"head_dim {dim} is not a power of two of at least 16")
+        if spec.num_heads % spec.num_kv_heads:
+            raise BackendUnavailable(f"{spec.num_heads} heads do not share {spec.num_kv_heads} key-value heads evenly")
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if q.shape[0] > self.max_tokens:
