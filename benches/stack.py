@@ -62,6 +62,9 @@ def scrape(server: Server) -> dict[str, float]:
                     out[part + suffix] = float(line.split()[1])
         if line.startswith("ivy_tokenizer_busy_microseconds_total "):
             out["tokenizer_busy"] = float(line.split()[1]) / 1e6
+        for suffix in ("_sum", "_count"):
+            if line.startswith(f"tulip_batch_tokens{suffix} "):
+                out["step_tokens" + suffix] = float(line.split()[1])
     return out
 
 
@@ -82,6 +85,12 @@ def cpu_use(server: Server, mark: tuple[dict[str, float], float], seconds: float
         "server": cores_busy(threads, thread_cpu(server.process.pid), seconds),
         "load_generator": (time.process_time() - client) / seconds,
     }
+
+
+def tokens_per_step(before: dict[str, float], after: dict[str, float]) -> float:
+    """Mean tokens in the engine steps Tulip ran between two scrapes."""
+    steps = after.get("step_tokens_count", 0) - before.get("step_tokens_count", 0)
+    return (after.get("step_tokens_sum", 0) - before.get("step_tokens_sum", 0)) / steps if steps else float("nan")
 
 
 def split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -158,12 +167,16 @@ def token_counter(model_dir: rose.ModelDir) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text).ids)
 
 
-def rose_in_process(folder: Path | None, device: str, docs: list[str], repeats: int) -> float:
+def rose_in_process(folder: Path | None, device: str, docs: list[str], repeats: int) -> tuple[float, float | None]:
     """ROSE alone: the engine on the documents' token ids, tokenized ahead (the stack's
-    tokenization is part of the harness that the comparison prices)."""
+    tokenization is part of the harness that the comparison prices). Returns the seconds of the
+    best run and the GPU's idle share between steps over the runs."""
     engine = rose.Engine(folder, device=device)
     ids = [e.ids for e in engine.tokenizer.encode_batch(docs)]
-    return best_of(lambda: engine.embed_ids(ids), repeats)
+    engine.embed_ids(ids)
+    engine.stats()  # starts the idle-share window past the warm-up
+    seconds = best_of(lambda: engine.embed_ids(ids), repeats)
+    return seconds, engine.stats().get("gpu_idle_fraction")
 
 
 def reference_seconds(folder: Path | None, device: str, docs: list[str], repeats: int) -> tuple[str, float]:
@@ -250,7 +263,8 @@ def main() -> None:
 
     # In-process: ROSE alone, and the reference implementation. --quick times each once after a warm-up, as the
     # stack's batch runs are: on 2 noisy cores a best-of on one side only would tilt the ratio.
-    rates = {"rose in-process": doc_tokens / rose_in_process(folder, args.device, docs, repeats=1 if args.quick else 3)}
+    seconds, report["gpu_idle_in_process"] = rose_in_process(folder, args.device, docs, 1 if args.quick else 3)
+    rates = {"rose in-process": doc_tokens / seconds}
     name, seconds = reference_seconds(folder, args.device, docs, repeats=1 if args.quick else 2)
     rates[name] = doc_tokens / seconds
     print(f"in-process: {', '.join(f'{k} {v:,.0f} tokens/s' for k, v in rates.items())}", flush=True)
@@ -270,13 +284,16 @@ def main() -> None:
         after = scrape(server)
         rates["stack over HTTP"] = doc_tokens * args.batch_rounds / seconds
         report["batch_http"] = {"seconds": seconds, **percentiles(latencies), "split_ms": split(before, after)}
-        report["gpu_idle_after_batch_http"] = (server_info(server).get("engine") or {}).get("gpu_idle_fraction")
+        report["gpu_idle_after_batch_http"] = gpu_idle(server)
+        report["step_tokens_batch_http"] = tokens_per_step(before, after)
         report["tokenizer_load_batch_http"] = tokenizer_load(before, after, seconds, workers)
         report["tokenization_workers"] = workers
         print(f"stack over HTTP: {rates['stack over HTTP']:,.0f} tokens/s", flush=True)
-        mark = cpu_mark(server)
+        before, mark = scrape(server), cpu_mark(server)
         seconds, latencies = grpc_closed_loop(server.grpc, client_batches * args.batch_rounds, args.batch_concurrency)
         report["cpu_batch_grpc"] = cpu_use(server, mark, seconds)
+        report["gpu_idle_after_batch_grpc"] = gpu_idle(server)
+        report["step_tokens_batch_grpc"] = tokens_per_step(before, scrape(server))
         rates["stack over gRPC"] = doc_tokens * args.batch_rounds / seconds
         report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
         print(f"stack over gRPC: {rates['stack over gRPC']:,.0f} tokens/s", flush=True)
@@ -321,6 +338,11 @@ def server_info(server: Server) -> dict:
     return requests.get(f"{server.url}/info", timeout=10).json()
 
 
+def gpu_idle(server: Server) -> float | None:
+    """The GPU's idle share between steps since the previous /info call (None on the CPU)."""
+    return (server_info(server).get("engine") or {}).get("gpu_idle_fraction")
+
+
 def plot(report: dict, out: Path) -> None:
     import matplotlib
 
@@ -354,8 +376,12 @@ def print_tables(report: dict) -> None:
     b = report["batch_http"]
     parts = ", ".join(f"{k} {v:.2f}" for k, v in b["split_ms"].items())
     print(f"\nbatch over HTTP: request latency p50 {b['p50']:.1f} ms, p99 {b['p99']:.1f} ms; per request (ms): {parts}")
-    if report.get("gpu_idle_after_batch_http") is not None:
-        print(f"GPU idle between steps during the HTTP batch run: {report['gpu_idle_after_batch_http']:.1%}")
+    if report.get("gpu_idle_in_process") is not None:
+        runs = ("gpu_idle_in_process", "gpu_idle_after_batch_http", "gpu_idle_after_batch_grpc")
+        idle = " / ".join(f"{report[k] or 0:.1%}" for k in runs)
+        print(f"GPU idle between steps in the batch runs, in-process / HTTP / gRPC: {idle}")
+    print(f"mean tokens per engine step in the batch runs, HTTP / gRPC: {report['step_tokens_batch_http']:,.0f} / "
+          f"{report['step_tokens_batch_grpc']:,.0f}")  # fmt: skip
     print(f"tokenizer pool busy during the HTTP batch run: {report['tokenizer_load_batch_http']:.1%} "
           f"of {report['tokenization_workers']} workers")  # fmt: skip
     for run in ("HTTP", "gRPC"):

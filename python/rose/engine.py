@@ -165,6 +165,9 @@ class Engine:
         # Graphs share one memory pool: the previous result leaves it before the next replay.
         if self._last_copy is not None:
             torch.cuda.current_stream().wait_event(self._last_copy)
+        # The step's GPU work starts once the host has it enqueued, so the timeline begins after
+        # the host's wait: if the host is late, the GPU's wait shows as idle, not as busy.
+        self._inputs.wait_free()
         self._timeline.begin()
         key = bucket(tokens, sequences)
         bound = min(key[0], max(self.max_input_length, 256))

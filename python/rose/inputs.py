@@ -42,10 +42,7 @@ class DeviceInputs:
             raise ValueError(f"{real_tokens} tokens in {real_sequences} sequences do not fit {tokens} in {sequences}")
         if tokens > self.max_tokens or sequences > self.max_sequences:
             raise ValueError(f"{tokens} tokens in {sequences} sequences exceed the engine's buffers")
-        # The staging buffer is rewritten only once the previous batch's uploads (and any plan
-        # copies enqueued with them) have left it.
-        if self._uploaded is not None:
-            self._uploaded.synchronize()
+        self.wait_free()
         host = self._host
         host[:real_tokens] = ids
         host[real_tokens:tokens] = 0
@@ -56,6 +53,13 @@ class DeviceInputs:
         cu_host = self.staging[tokens : tokens + sequences + 1]
         self.cu_seqlens[: sequences + 1].copy_(cu_host, non_blocking=True)
         return RaggedBatch(self.ids[:tokens], self.cu_seqlens[: sequences + 1], cu_host, max_seqlen)
+
+    def wait_free(self) -> None:
+        """Waits until the previous batch's uploads (and any plan copies enqueued with them) have
+        left the staging buffer, so that it can be rewritten."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+            self._uploaded = None
 
     def mark_uploaded(self) -> None:
         """Call once every host-to-device copy of the batch (the attention plan's too) is enqueued."""
