@@ -49,7 +49,8 @@ def main() -> None:
     engine = rose.Engine(folder, device="cuda")
     print(f"attention {engine.describe()['attention_backend']}")
     timed_steps(engine, 50)  # the first hit runs eagerly, the second captures
-    print("step p50 %.3f ms, step+wait p50 %.3f ms" % timed_steps(engine, 300))
+    enqueue, total = timed_steps(engine, 300)
+    print(f"step p50 {enqueue:.3f} ms, step+wait p50 {total:.3f} ms")
     profile = cProfile.Profile()
     profile.enable()
     timed_steps(engine, 300)
