@@ -6,12 +6,13 @@ from __future__ import annotations
 import base64
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
 
-from support import Server, cosines
+from support import Server, cosines, start_server
 
 THRESHOLD = 0.9999
 
@@ -207,3 +208,13 @@ def test_64_concurrent_clients_get_their_own_vectors(server: Server, texts: list
     with ThreadPoolExecutor(max_workers=64) as pool:
         worst = min(pool.map(client, range(64)))
     assert worst >= THRESHOLD
+
+
+def test_sigterm_ends_the_server_with_status_0(tmp_path: Path) -> None:
+    """systemd and Kubernetes stop servers with SIGTERM: a clean stop must not read as a crash."""
+    server = start_server(tmp_path)
+    # After serving, when the engine thread has started torch's threads.
+    texts = [f"a short sentence number {i}" for i in range(64)]
+    assert requests.post(f"{server.url}/v1/embeddings", json={"input": texts}, timeout=60).status_code == 200
+    server.process.terminate()
+    assert server.process.wait(timeout=60) == 0, server.log.read_text()[-2000:]

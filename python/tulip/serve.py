@@ -17,7 +17,14 @@ def main() -> None:
     # `kill -USR1 <pid>` prints every Python thread's stack: the engine's, the waiter's.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     name = os.path.basename(sys.argv[0]) or "ivy-serve"
-    sys.exit(serve([name, *sys.argv[1:]]))
+    code = serve([name, *sys.argv[1:]])
+    # The engine's threads still hold torch's thread pools: finalizing the interpreter under them
+    # runs C++ destructors that abort ("terminate called without an active exception"), so a
+    # clean stop would read as a crash. Nothing is left to clean up once serve() has returned.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def tulip_main() -> None:
