@@ -49,23 +49,29 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
     return {f"p{p}": float(np.percentile(ms, p)) for p in (50, 95, 99)}
 
 
+# Histograms read from /metrics, under the names the report uses.
+HISTOGRAMS = {f"ivy_{part}_duration_seconds": part for part in SPLIT} | {"tulip_batch_tokens": "step_tokens"}
+
+
 def scrape(server: Server) -> dict[str, float]:
-    """Ivy's duration histograms' sums and counts."""
+    """Ivy's and Tulip's histograms' sums and counts, and the tokenizer pool's busy seconds."""
     import requests
 
     out = {}
     for line in requests.get(f"{server.url}/metrics", timeout=10).text.splitlines():
-        for part in SPLIT:
-            for suffix in ("_sum", "_count"):
-                name = f"ivy_{part}_duration_seconds{suffix}"
-                if line.startswith(name + " "):
-                    out[part + suffix] = float(line.split()[1])
-        if line.startswith("ivy_tokenizer_busy_microseconds_total "):
-            out["tokenizer_busy"] = float(line.split()[1]) / 1e6
-        for suffix in ("_sum", "_count"):
-            if line.startswith(f"tulip_batch_tokens{suffix} "):
-                out["step_tokens" + suffix] = float(line.split()[1])
+        name, _, value = line.partition(" ")
+        metric, _, suffix = name.rpartition("_")
+        if metric in HISTOGRAMS and suffix in ("sum", "count"):
+            out[f"{HISTOGRAMS[metric]}_{suffix}"] = float(value)
+        elif name == "ivy_tokenizer_busy_microseconds_total":
+            out["tokenizer_busy"] = float(value) / 1e6
     return out
+
+
+def mean_between(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    """A histogram's mean over what it recorded between two scrapes."""
+    count = after.get(name + "_count", 0) - before.get(name + "_count", 0)
+    return (after.get(name + "_sum", 0) - before.get(name + "_sum", 0)) / count if count else float("nan")
 
 
 def tokenizer_load(before: dict[str, float], after: dict[str, float], seconds: float, workers: int) -> float:
@@ -89,18 +95,12 @@ def cpu_use(server: Server, mark: tuple[dict[str, float], float], seconds: float
 
 def tokens_per_step(before: dict[str, float], after: dict[str, float]) -> float:
     """Mean tokens in the engine steps Tulip ran between two scrapes."""
-    steps = after.get("step_tokens_count", 0) - before.get("step_tokens_count", 0)
-    return (after.get("step_tokens_sum", 0) - before.get("step_tokens_sum", 0)) / steps if steps else float("nan")
+    return mean_between(before, after, "step_tokens")
 
 
 def split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Mean milliseconds per request in each part, between two scrapes."""
-    out = {}
-    for part in SPLIT:
-        count = after.get(part + "_count", 0) - before.get(part + "_count", 0)
-        total = after.get(part + "_sum", 0) - before.get(part + "_sum", 0)
-        out[part] = 1000 * total / count if count else float("nan")
-    return out
+    return {part: 1000 * mean_between(before, after, part) for part in SPLIT}
 
 
 async def http_closed_loop(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float]]:
@@ -173,7 +173,6 @@ class RoseInProcess:
 
     def __init__(self, folder: Path | None, device: str, docs: list[str]) -> None:
         self.engine = rose.Engine(folder, device=device)
-        self.device = device
         # As arrays: packing them into a step costs the host next to nothing, as Tulip's does.
         self.ids = [np.array(e.ids, dtype=np.int32) for e in self.engine.tokenizer.encode_batch(docs)]
 
@@ -184,7 +183,7 @@ class RoseInProcess:
     def idle(self) -> float | None:
         """The GPU's idle share between the steps of one more run alone (None on the CPU): the
         host's work between best_of's runs is not a gap between the engine's steps."""
-        if self.device == "cpu":
+        if self.engine.device.type != "cuda":
             return None
         self.engine.stats()
         self.engine.embed_ids(self.ids)
@@ -309,13 +308,13 @@ def main() -> None:
         report["cpu_batch_grpc"] = cpu_use(server, mark, seconds)
         report["gpu_idle_after_batch_grpc"] = gpu_idle(server)
         report["step_tokens_batch_grpc"] = tokens_per_step(before, scrape(server))
+        rates["stack over gRPC"] = doc_tokens * args.batch_rounds / seconds
+        report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
+        print(f"stack over gRPC: {rates['stack over gRPC']:,.0f} tokens/s", flush=True)
         in_process_seconds.append(in_process.seconds(repeats))
         report["rose_in_process_tokens_per_s"] = [doc_tokens / t for t in in_process_seconds]
         rates["rose in-process"] = float(np.mean(report["rose_in_process_tokens_per_s"]))
         print(f"rose in-process again: {report['rose_in_process_tokens_per_s'][1]:,.0f} tokens/s", flush=True)
-        rates["stack over gRPC"] = doc_tokens * args.batch_rounds / seconds
-        report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
-        print(f"stack over gRPC: {rates['stack over gRPC']:,.0f} tokens/s", flush=True)
 
         online_rows = []
         query_bodies = [{"input": q} for q in online]

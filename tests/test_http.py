@@ -213,8 +213,11 @@ def test_64_concurrent_clients_get_their_own_vectors(server: Server, texts: list
 def test_sigterm_ends_the_server_with_status_0(tmp_path: Path) -> None:
     """systemd and Kubernetes stop servers with SIGTERM: a clean stop must not read as a crash."""
     server = start_server(tmp_path)
-    # After serving, when the engine thread has started torch's threads.
-    texts = [f"a short sentence number {i}" for i in range(64)]
-    assert requests.post(f"{server.url}/v1/embeddings", json={"input": texts}, timeout=60).status_code == 200
-    server.process.terminate()
-    assert server.process.wait(timeout=60) == 0, server.log.read_text()[-2000:]
+    try:
+        # After serving, when the engine thread has started torch's threads.
+        texts = [f"a short sentence number {i}" for i in range(64)]
+        assert post(server, "/v1/embeddings", {"input": texts}).status_code == 200
+        server.process.terminate()
+        assert server.process.wait(timeout=60) == 0, server.log.read_text()[-2000:]
+    finally:
+        server.stop()
