@@ -10,8 +10,10 @@ tokenized ahead, so that the stack is priced with its tokenization), the whole s
 (sentence-transformers, or Hugging Face transformers with padded batches for Qwen3). Patterns:
 batch re-indexing (client batches of 32-256 documents of 128-512 tokens, many in flight) and
 online search (one query of 5-30 tokens per request, closed loop at several concurrencies and
-at fixed arrival rates). The time split (tokenization, queue, inference, transfer) comes from
-Ivy's /metrics. Writes report.json and two PNG plots to --out; prints the tables last.
+at fixed arrival rates). The batch runs alternate (ROSE in-process, HTTP, gRPC, ROSE in-process,
+...) and each stack run is priced against the in-process runs on either side of it, since the
+machine's speed drifts over minutes. The time split (tokenization, queue, inference, transfer)
+comes from Ivy's /metrics. Writes report.json and two PNG plots to --out; prints the tables last.
 """
 
 from __future__ import annotations
@@ -171,23 +173,39 @@ class RoseInProcess:
     """ROSE alone: the engine on the documents' token ids, tokenized ahead (the stack's
     tokenization is part of the harness that the comparison prices)."""
 
-    def __init__(self, folder: Path | None, device: str, docs: list[str]) -> None:
+    def __init__(self, folder: Path | None, device: str, docs: list[str], rounds: int) -> None:
         self.engine = rose.Engine(folder, device=device)
         # As arrays: packing them into a step costs the host next to nothing, as Tulip's does.
-        self.ids = [np.array(e.ids, dtype=np.int32) for e in self.engine.tokenizer.encode_batch(docs)]
+        ids = [np.array(e.ids, dtype=np.int32) for e in self.engine.tokenizer.encode_batch(docs)]
+        self.tokens = sum(len(i) for i in ids) * rounds
+        self.ids = ids * rounds
+        # Lazy CUDA graphs run a bucket's first hit eagerly and capture on the second.
+        for _ in range(2 if self.engine.device.type == "cuda" else 1):
+            self.engine.embed_ids(ids)
 
-    def seconds(self, repeats: int) -> float:
-        """Seconds of the best of `repeats` runs over all documents."""
-        return best_of(lambda: self.engine.embed_ids(self.ids), repeats)
-
-    def idle(self) -> float | None:
-        """The GPU's idle share between the steps of one more run alone (None on the CPU): the
-        host's work between best_of's runs is not a gap between the engine's steps."""
-        if self.engine.device.type != "cuda":
-            return None
+    def run(self) -> dict:
+        """One run over the documents, `rounds` times in one call: its rate, and the GPU's idle share
+        between its steps (None on the CPU)."""
         self.engine.stats()
+        start = time.perf_counter()
         self.engine.embed_ids(self.ids)
-        return self.engine.stats().get("gpu_idle_fraction")
+        seconds = time.perf_counter() - start
+        idle = self.engine.stats().get("gpu_idle_fraction") if self.engine.device.type == "cuda" else None
+        return {"seconds": seconds, "tokens_s": self.tokens / seconds, "gpu_idle": idle}
+
+
+def batch_run(server: Server, tokens: int, send: Callable[[], tuple[float, list[float]]]) -> dict:
+    """One batch run of the stack: its rate and latency, and what Ivy's and Tulip's metrics, /proc and
+    the engine say about it."""
+    workers = server_info(server)["tokenization_workers"]  # also starts the idle-share window
+    before, mark = scrape(server), cpu_mark(server)
+    seconds, latencies = send()
+    cpu = cpu_use(server, mark, seconds)
+    after = scrape(server)
+    return {"seconds": seconds, "tokens_s": tokens / seconds, **percentiles(latencies),
+            "split_ms": split(before, after), "step_tokens": tokens_per_step(before, after),
+            "tokenizer_load": tokenizer_load(before, after, seconds, workers), "cpu": cpu,
+            "gpu_idle": gpu_idle(server)}  # fmt: skip
 
 
 def reference_seconds(folder: Path | None, device: str, docs: list[str], repeats: int) -> tuple[str, float]:
@@ -238,16 +256,20 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[100, 500, 2000])
     parser.add_argument("--batch-concurrency", type=int, default=16)
     parser.add_argument(
-        "--batch-rounds", type=int, default=1, help="send the client batches this many times over HTTP and gRPC, "
+        "--batch-rounds", type=int, default=1, help="send the documents this many times in each batch run, "
         "for a run long enough to be past its ramp when the engine is fast"
+    )  # fmt: skip
+    parser.add_argument(
+        "--alternations", type=int, default=3, help="batch runs of each configuration, taken in turn "
+        "(in-process, HTTP, gRPC, in-process, ...); the ratios reported are the medians"
     )  # fmt: skip
     parser.add_argument("--client-batch", type=int, nargs=2, default=[32, 256], help="documents per request, range")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     parser.add_argument("--server-arg", action="append", default=[], help="extra ivy-serve flag (repeatable)")
     args = parser.parse_args()
     if args.quick:
-        args.device, args.docs, args.queries, args.concurrency, args.rates = "cpu", 96, 100, [1, 16], [50]
-        args.batch_concurrency, args.client_batch = 4, [16, 32]
+        args.device, args.docs, args.queries, args.concurrency, args.rates = "cpu", 64, 80, [1, 16], [50]
+        args.batch_concurrency, args.client_batch, args.alternations = 4, [16, 32], 2
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp())
     folder = args.model
@@ -272,16 +294,15 @@ def main() -> None:
     print(f"{len(docs)} documents ({doc_tokens} tokens) in {len(client_batches)} client batches; "
           f"{len(online)} queries; {args.device}; {report['model']}", flush=True)  # fmt: skip
 
-    # In-process: ROSE alone, and the reference implementation. --quick times each once after a warm-up, as the
-    # stack's batch runs are: on 2 noisy cores a best-of on one side only would tilt the ratio. ROSE is timed
-    # again after the stack's batch runs, and its rate is the mean of the two: the VM's speed drifts.
-    in_process, repeats = RoseInProcess(folder, args.device, docs), 1 if args.quick else 3
-    in_process_seconds = [in_process.seconds(repeats)]
-    report["gpu_idle_in_process"] = in_process.idle()
-    rates = {"rose in-process": doc_tokens / in_process_seconds[0]}
+    # In-process: ROSE alone, and the reference implementation, each timed once after a warm-up as the stack's
+    # batch runs are (on 2 noisy cores a best-of on one side only would tilt the ratio).
+    in_process = RoseInProcess(folder, args.device, docs, args.batch_rounds)
+    in_process_runs = [in_process.run()]
     name, seconds = reference_seconds(folder, args.device, docs, repeats=1 if args.quick else 2)
-    rates[name] = doc_tokens / seconds
-    print(f"in-process: {', '.join(f'{k} {v:,.0f} tokens/s' for k, v in rates.items())}", flush=True)
+    in_process_runs.append(in_process.run())
+    reference = {"seconds": seconds, "tokens_s": doc_tokens / seconds}
+    print(f"in-process: ROSE {in_process_runs[0]['tokens_s']:,.0f}, {name} {reference['tokens_s']:,.0f}, ROSE "
+          f"{in_process_runs[1]['tokens_s']:,.0f} tokens/s", flush=True)  # fmt: skip
 
     # The whole stack, as a real process.
     server_args = ["--device", args.device, *args.server_arg] + (["--model", str(folder)] if folder else [])
@@ -291,30 +312,32 @@ def main() -> None:
         bodies = [{"input": b} for b in client_batches]
         asyncio.run(http_closed_loop(url, bodies[:4], 2))  # warm-up: lazy graphs, connections
         grpc_closed_loop(server.grpc, client_batches[:4], 2)
-        workers = server_info(server)["tokenization_workers"]  # also starts the idle-share window
-        before, mark = scrape(server), cpu_mark(server)
-        seconds, latencies = asyncio.run(http_closed_loop(url, bodies * args.batch_rounds, args.batch_concurrency))
-        report["cpu_batch_http"] = cpu_use(server, mark, seconds)
-        after = scrape(server)
-        rates["stack over HTTP"] = doc_tokens * args.batch_rounds / seconds
-        report["batch_http"] = {"seconds": seconds, **percentiles(latencies), "split_ms": split(before, after)}
-        report["gpu_idle_after_batch_http"] = gpu_idle(server)
-        report["step_tokens_batch_http"] = tokens_per_step(before, after)
-        report["tokenizer_load_batch_http"] = tokenizer_load(before, after, seconds, workers)
-        report["tokenization_workers"] = workers
-        print(f"stack over HTTP: {rates['stack over HTTP']:,.0f} tokens/s", flush=True)
-        before, mark = scrape(server), cpu_mark(server)
-        seconds, latencies = grpc_closed_loop(server.grpc, client_batches * args.batch_rounds, args.batch_concurrency)
-        report["cpu_batch_grpc"] = cpu_use(server, mark, seconds)
-        report["gpu_idle_after_batch_grpc"] = gpu_idle(server)
-        report["step_tokens_batch_grpc"] = tokens_per_step(before, scrape(server))
-        rates["stack over gRPC"] = doc_tokens * args.batch_rounds / seconds
-        report["batch_grpc"] = {"seconds": seconds, **percentiles(latencies)}
-        print(f"stack over gRPC: {rates['stack over gRPC']:,.0f} tokens/s", flush=True)
-        in_process_seconds.append(in_process.seconds(repeats))
-        report["rose_in_process_tokens_per_s"] = [doc_tokens / t for t in in_process_seconds]
-        rates["rose in-process"] = float(np.mean(report["rose_in_process_tokens_per_s"]))
-        print(f"rose in-process again: {report['rose_in_process_tokens_per_s'][1]:,.0f} tokens/s", flush=True)
+        report["tokenization_workers"] = server_info(server)["tokenization_workers"]
+
+        # The batch pattern in alternation: ROSE in-process, HTTP, gRPC, ROSE in-process, ... Each stack run is
+        # priced against the mean of the in-process runs on either side of it: the VM's speed drifts by more
+        # than the harness costs, so runs taken minutes apart cannot be compared.
+        tokens = doc_tokens * args.batch_rounds
+        http_runs: list[dict] = []
+        grpc_runs: list[dict] = []
+        for _ in range(args.alternations):
+            http_runs.append(batch_run(server, tokens, lambda: asyncio.run(
+                http_closed_loop(url, bodies * args.batch_rounds, args.batch_concurrency))))  # fmt: skip
+            grpc_runs.append(batch_run(server, tokens, lambda: grpc_closed_loop(
+                server.grpc, client_batches * args.batch_rounds, args.batch_concurrency)))  # fmt: skip
+            in_process_runs.append(in_process.run())
+            print(f"in-process {in_process_runs[-2]['tokens_s']:,.0f}, HTTP {http_runs[-1]['tokens_s']:,.0f}, "
+                  f"gRPC {grpc_runs[-1]['tokens_s']:,.0f}, in-process {in_process_runs[-1]['tokens_s']:,.0f} "
+                  "tokens/s", flush=True)  # fmt: skip
+        report["batch"] = {"rose in-process": in_process_runs, name: [reference], "stack over HTTP": http_runs,
+                           "stack over gRPC": grpc_runs}  # fmt: skip
+        # Each run against the in-process runs on either side of it (the reference sits between the first two).
+        report["batch_vs_in_process"] = {
+            key: [r["tokens_s"] / np.mean([a["tokens_s"], b["tokens_s"]])
+                  for r, a, b in zip(runs, in_process_runs[skip:], in_process_runs[skip + 1:], strict=False)]
+            for key, runs, skip in ((name, [reference], 0), ("stack over HTTP", http_runs, 1),
+                                    ("stack over gRPC", grpc_runs, 1))
+        }  # fmt: skip
 
         online_rows = []
         query_bodies = [{"input": q} for q in online]
@@ -342,8 +365,7 @@ def main() -> None:
     finally:
         server.stop()
 
-    report["batch_tokens_per_s"] = rates
-    report["harness_overhead"] = 1 - rates["stack over HTTP"] / rates["rose in-process"]
+    report["harness_overhead"] = 1 - float(np.median(report["batch_vs_in_process"]["stack over HTTP"]))
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     plot(report, args.out)
     print_tables(report)
@@ -359,6 +381,16 @@ def server_info(server: Server) -> dict:
 def gpu_idle(server: Server) -> float | None:
     """The GPU's idle share between steps since the previous /info call (None on the CPU)."""
     return (server_info(server).get("engine") or {}).get("gpu_idle_fraction")
+
+
+def median_rates(report: dict) -> dict[str, float]:
+    """Each batch configuration's median tokens/s over its runs."""
+    return {name: float(np.median([r["tokens_s"] for r in runs])) for name, runs in report["batch"].items()}
+
+
+def median_of(runs: list[dict], key: str) -> float:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return float(np.median(values)) if values else float("nan")
 
 
 def plot(report: dict, out: Path) -> None:
@@ -378,35 +410,41 @@ def plot(report: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "latency.png", dpi=120)
     fig, ax = plt.subplots(figsize=(6, 4))
-    names, values = list(report["batch_tokens_per_s"]), list(report["batch_tokens_per_s"].values())
-    ax.barh(names, values)
-    ax.set(xlabel="tokens/s", title=f"batch re-indexing ({report['device']})")
+    rates = median_rates(report)
+    ax.barh(list(rates), list(rates.values()))
+    for y, runs in enumerate(report["batch"].values()):
+        ax.plot([r["tokens_s"] for r in runs], [y] * len(runs), "k|", markersize=14)
+    ax.set(xlabel="tokens/s (bars: median; ticks: each run)", title=f"batch re-indexing ({report['device']})")
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=120)
 
 
 def print_tables(report: dict) -> None:
-    base = report["batch_tokens_per_s"]["rose in-process"]
-    runs = " and ".join(f"{r:,.0f}" for r in report["rose_in_process_tokens_per_s"])
-    print(f"\nROSE in-process: the mean of {runs} tokens/s, timed before and after the stack's batch runs")
-    print("\n| batch pattern | tokens/s | vs ROSE in-process |")
-    print("|---|---|---|")
-    for name, rate in report["batch_tokens_per_s"].items():
-        print(f"| {name} | {rate:,.0f} | {rate / base:.0%} |")
-    b = report["batch_http"]
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in b["split_ms"].items())
-    print(f"\nbatch over HTTP: request latency p50 {b['p50']:.1f} ms, p99 {b['p99']:.1f} ms; per request (ms): {parts}")
-    if report.get("gpu_idle_in_process") is not None:
-        runs = ("gpu_idle_in_process", "gpu_idle_after_batch_http", "gpu_idle_after_batch_grpc")
-        idle = " / ".join(f"{report[k] or 0:.1%}" for k in runs)
-        print(f"GPU idle between steps in the batch runs, in-process / HTTP / gRPC: {idle}")
-    print(f"mean tokens per engine step in the batch runs, HTTP / gRPC: {report['step_tokens_batch_http']:,.0f} / "
-          f"{report['step_tokens_batch_grpc']:,.0f}")  # fmt: skip
-    print(f"tokenizer pool busy during the HTTP batch run: {report['tokenizer_load_batch_http']:.1%} "
+    rates, shares = median_rates(report), report["batch_vs_in_process"]
+    runs = ", ".join(f"{r['tokens_s']:,.0f}" for r in report["batch"]["rose in-process"])
+    print(f"\nROSE in-process, in the order taken: {runs} tokens/s")
+    print("\n| batch pattern | tokens/s, median | runs | vs ROSE in-process: median (each run against the "
+          "in-process runs on either side) |")  # fmt: skip
+    print("|---|---|---|---|")
+    for name, rate in rates.items():
+        each = ", ".join(f"{s:.0%}" for s in shares.get(name, [1.0]))
+        median = float(np.median(shares.get(name, [1.0])))
+        print(f"| {name} | {rate:,.0f} | {len(report['batch'][name])} | {median:.0%} ({each}) |")
+    http, grpc = report["batch"]["stack over HTTP"], report["batch"]["stack over gRPC"]
+    parts = ", ".join(f"{k} {np.median([r['split_ms'][k] for r in http]):.2f}" for k in SPLIT)
+    print(f"\nbatch over HTTP, medians over its runs: request latency p50 {median_of(http, 'p50'):.1f} ms, p99 "
+          f"{median_of(http, 'p99'):.1f} ms; per request (ms): {parts}")  # fmt: skip
+    if report["device"] != "cpu":
+        all_runs = (report["batch"]["rose in-process"], http, grpc)
+        idle = " / ".join(f"{median_of(runs, 'gpu_idle'):.1%}" for runs in all_runs)
+        print(f"GPU idle between steps in the batch runs (medians), in-process / HTTP / gRPC: {idle}")
+    print(f"mean tokens per engine step in the batch runs (medians), HTTP / gRPC: "
+          f"{median_of(http, 'step_tokens'):,.0f} / {median_of(grpc, 'step_tokens'):,.0f}")  # fmt: skip
+    print(f"tokenizer pool busy during the HTTP batch runs: {median_of(http, 'tokenizer_load'):.1%} "
           f"of {report['tokenization_workers']} workers")  # fmt: skip
-    for run in ("HTTP", "gRPC"):
-        cpu = report[f"cpu_batch_{run.lower()}"]
-        print(f"cores busy during the {run} batch run, of {report['cores']}: server {describe(cpu['server'])}; "
+    for run, runs in (("HTTP", http), ("gRPC", grpc)):
+        cpu = runs[len(runs) // 2]["cpu"]
+        print(f"cores busy during the middle {run} batch run, of {report['cores']}: server {describe(cpu['server'])}; "
               f"load generator {cpu['load_generator']:.2f}")  # fmt: skip
     print("\n| online load | req/s | p50 ms | p95 ms | p99 ms | tokenize / queue / infer / transfer ms |")
     print("|---|---|---|---|---|---|")
