@@ -58,6 +58,8 @@ def save_qwen3(folder: Path, shape: str, bidirectional: bool, prefix: str = "", 
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+    if shape == "0.6b":  # stored in bfloat16, as Qwen3-Embedding-0.6B is published (1.2 GB, not 2.4)
+        model = model.to(torch.bfloat16)
     extra: dict = {"use_bidirectional_attention": True} if bidirectional else {}
     if top_level_rope:  # as Qwen3-Embedding's config.json has it
         extra |= {"rope_theta": 1_000_000.0, "rope_parameters": None}

@@ -64,4 +64,20 @@ for causal in (True, False):
             ).transpose(0, 1)
             cosine = F.cosine_similarity(out[start:end].float().flatten(1), expected.flatten(1), dim=1)
             assert cosine.min() > 0.999, (causal, lengths, start, end)
+# norm_rope_attention, QK-norm, RoPE and attention in one launch, against its two kernels' steps.
+for causal in (True, False):
+    for lengths in ([1], [1, 7, 16, 3, 20], [40, 24]):
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        tokens, heads, kv_heads, dim = int(cu[-1]), 4, 2, 32
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim + 8).half()[:, 8:]  # strided rows
+        wq, wk = (torch.rand(dim) + 0.5).half(), (torch.rand(dim) + 0.5).half()
+        batch = RaggedBatch.from_host(np.zeros(tokens, dtype=np.int32), cu, torch.device("cpu"))
+        cache = kernels.rope_cache(dim, 128, 1e6, torch.device("cpu"))
+        args = (wq, wk, 1e-6, batch.positions, cache)
+        q, k = triton_kernels.qk_norm_rope(qkv, *args, heads, kv_heads)
+        v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+        expected = triton_kernels.small_batch_attention(q, k, v, batch.seq_ids, causal, dim**-0.5).float()
+        got = triton_kernels.norm_rope_attention(qkv, *args, batch.seq_ids, heads, kv_heads, causal, dim**-0.5)
+        cosine = F.cosine_similarity(got.float().view(tokens, heads, dim), expected.view(tokens, heads, dim), dim=2)
+        assert cosine.min() > 0.9999, (causal, lengths, cosine.min())
 print("triton kernels match")

@@ -90,12 +90,13 @@ class Engine:
         self._cls = model_class(self.model_dir.model_type)
         weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
         self.model = self._cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
-        del weights
         self.use_attention(attention_backend)
         self._tokenizer: Any = None
         self.graphs: CudaGraphs | None = None
         self.fidelity: dict[str, Any] | None = None
         if on_gpu:
+            # Held, not looked up: torch's current-stream lookups cost the host a few us each, several a step.
+            self._stream = torch.cuda.current_stream(self.device)
             self._copy_stream = torch.cuda.Stream(self.device)
             self._inputs = DeviceInputs(self.device, *bucket(self.max_batch_tokens, self.max_batch_requests))
             self._timeline = StepTimeline()
@@ -107,7 +108,8 @@ class Engine:
             self._warm(spec)
         warmed = time.perf_counter()
         if verify and (on_gpu or self.matmul_dtype != self.dtype):
-            self.fidelity = self.check_fidelity()
+            self.fidelity = self.check_fidelity(weights=weights)
+        del weights
         # Where start-up time goes, for /info: the first-answer target depends on it.
         self.startup_seconds = {
             "load": round(loaded - started, 3),
@@ -164,11 +166,11 @@ class Engine:
         longest = int(np.diff(cu).max()) if sequences else 0
         # Graphs share one memory pool: the previous result leaves it before the next replay.
         if self._last_copy is not None:
-            torch.cuda.current_stream().wait_event(self._last_copy)
+            self._stream.wait_event(self._last_copy)
         # The step's GPU work starts once the host has it enqueued, so the timeline begins after
         # the host's wait: if the host is late, the GPU's wait shows as idle, not as busy.
         self._inputs.wait_free()
-        self._timeline.begin()
+        self._timeline.begin(self._stream)
         key = bucket(tokens, sequences)
         bound = min(key[0], max(self.max_input_length, 256))
         fits = key[0] <= self._inputs.max_tokens and key[1] <= self._inputs.max_sequences
@@ -176,7 +178,7 @@ class Engine:
             batch = self._inputs.fill(ids, cu, key[0], key[1], max_seqlen=bound)
             attention = self.graphs.attention_for(key, batch)
             attention.plan(batch)
-            self._inputs.mark_uploaded()
+            self._inputs.mark_uploaded(self._stream)
             pooled = self.graphs.run(key, batch, self._forward)[:sequences]
         else:
             if tokens <= self._inputs.max_tokens and sequences <= self._inputs.max_sequences:
@@ -184,10 +186,10 @@ class Engine:
             else:  # larger than the static buffers: a one-off upload
                 batch = RaggedBatch.from_host(ids, cu, self.device)
             self.attention.plan(batch)
-            self._inputs.mark_uploaded()
+            self._inputs.mark_uploaded(self._stream)
             pooled = self._forward(batch, self.attention)
-        self._timeline.end()
-        lazy = LazyTensor.from_device(pooled, self._copy_stream)
+        self._timeline.end(self._stream)
+        lazy = LazyTensor.from_device(pooled, self._copy_stream, self._stream)
         self._last_copy = lazy.done
         return lazy
 
@@ -207,13 +209,17 @@ class Engine:
         for _ in range(2):
             self.step(ids, cu).wait()
 
-    def check_fidelity(self, threshold: float = 0.999) -> dict[str, Any]:
-        """Checks the serving path against a float32 eager reference; see rose.fidelity."""
-        return fidelity.check(self, threshold)
+    def check_fidelity(
+        self, threshold: float = 0.999, weights: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, Any]:
+        """Checks the serving path against a float32 eager reference; see rose.fidelity. `weights`:
+        the checkpoint's tensors if still at hand (else they are read again)."""
+        return fidelity.check(self, threshold, weights)
 
-    def reference_model(self) -> Any:
+    def reference_model(self, weights: dict[str, torch.Tensor] | None = None) -> Any:
         """The model again, in float32: the reference of the fidelity check."""
-        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
+        if weights is None:
+            weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
         return self._cls(self.model_dir.config, weights, torch.float32, self.device, torch.float32)
 
     def stats(self) -> dict[str, Any]:

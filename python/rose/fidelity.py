@@ -35,9 +35,12 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1)
 
 
-def reference(engine: Engine, batch_sequences: list[list[int]]) -> np.ndarray:
-    """Pooled vectors of the float32 model with eager SDPA attention on the engine's device."""
-    model = engine.reference_model()
+def reference(
+    engine: Engine, batch_sequences: list[list[int]], weights: dict[str, torch.Tensor] | None = None
+) -> np.ndarray:
+    """Pooled vectors of the float32 model with eager SDPA attention on the engine's device;
+    `weights`: the checkpoint's tensors if at hand (else read again)."""
+    model = engine.reference_model(weights)
     spec = dataclasses.replace(model.attention_spec, dtype=torch.float32)
     attention = create_backend("sdpa", spec, engine.device)
     lengths = np.array([len(s) for s in batch_sequences])
@@ -48,11 +51,11 @@ def reference(engine: Engine, batch_sequences: list[list[int]]) -> np.ndarray:
         return pool(model.forward(batch, attention), batch, engine.pooling).cpu().numpy()
 
 
-def check(engine: Engine, threshold: float = 0.999) -> dict[str, Any]:
+def check(engine: Engine, threshold: float = 0.999, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Runs the check; on divergence turns graphs off, then falls back to the torch attention
     backend, and says so in the log and in the report it returns."""
     fixed = sequences(int(engine.model_dir.config["vocab_size"]), engine.max_input_length)
-    expected = reference(engine, fixed)
+    expected = reference(engine, fixed, weights)
     # The short ones alone too: a batch of online queries takes other kernels (the triton
     # attention backend, up to 64 tokens).
     short = next((i for i in range(len(fixed)) if sum(map(len, fixed[: i + 1])) > 64), len(fixed))

@@ -15,22 +15,25 @@ from rose.batch import RaggedBatch
 
 class DeviceInputs:
     """Static device buffers for up to `max_tokens` ids and `max_sequences` offsets, filled from a
-    page-locked staging buffer."""
+    page-locked staging buffer of the same layout in one copy (each copy costs the host ~20 us)."""
 
     def __init__(self, device: torch.device, max_tokens: int, max_sequences: int) -> None:
-        self.ids = torch.zeros(max_tokens, dtype=torch.int32, device=device)
-        self.cu_seqlens = torch.zeros(max_sequences + 1, dtype=torch.int32, device=device)
-        self.staging = torch.zeros(max_tokens + max_sequences + 1, dtype=torch.int32, pin_memory=True)
+        # Offsets first, then the ids from an aligned start: [cu_seqlens ... | ids ...].
+        self._ids_at = -(-(max_sequences + 1) // 64) * 64
+        self._max_sequences = max_sequences
+        size = self._ids_at + max_tokens
+        self._device = torch.zeros(size, dtype=torch.int32, device=device)
+        self.staging = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self._host = self.staging.numpy()
         self._uploaded: torch.cuda.Event | None = None
 
     @property
     def max_tokens(self) -> int:
-        return self.ids.numel()
+        return self._device.numel() - self._ids_at
 
     @property
     def max_sequences(self) -> int:
-        return self.cu_seqlens.numel() - 1
+        return self._max_sequences
 
     def fill(
         self, ids: np.ndarray, cu_seqlens: np.ndarray, tokens: int, sequences: int, max_seqlen: int
@@ -43,16 +46,15 @@ class DeviceInputs:
         if tokens > self.max_tokens or sequences > self.max_sequences:
             raise ValueError(f"{tokens} tokens in {sequences} sequences exceed the engine's buffers")
         self.wait_free()
-        host = self._host
-        host[:real_tokens] = ids
-        host[real_tokens:tokens] = 0
-        cu = host[tokens : tokens + sequences + 1]
+        host, at = self._host, self._ids_at
+        cu = host[: sequences + 1]
         cu[: real_sequences + 1] = cu_seqlens
         cu[real_sequences + 1 :] = tokens
-        self.ids[:tokens].copy_(self.staging[:tokens], non_blocking=True)
-        cu_host = self.staging[tokens : tokens + sequences + 1]
-        self.cu_seqlens[: sequences + 1].copy_(cu_host, non_blocking=True)
-        return RaggedBatch(self.ids[:tokens], self.cu_seqlens[: sequences + 1], cu_host, max_seqlen)
+        host[at : at + real_tokens] = ids
+        host[at + real_tokens : at + tokens] = 0
+        self._device[: at + tokens].copy_(self.staging[: at + tokens], non_blocking=True)
+        device = self._device
+        return RaggedBatch(device[at : at + tokens], device[: sequences + 1], self.staging[: sequences + 1], max_seqlen)
 
     def wait_free(self) -> None:
         """Waits until the previous batch's uploads (and any plan copies enqueued with them) have
@@ -61,7 +63,8 @@ class DeviceInputs:
             self._uploaded.synchronize()
             self._uploaded = None
 
-    def mark_uploaded(self) -> None:
-        """Call once every host-to-device copy of the batch (the attention plan's too) is enqueued."""
+    def mark_uploaded(self, stream: torch.cuda.Stream) -> None:
+        """Call once every host-to-device copy of the batch (the attention plan's too) is enqueued
+        on `stream`."""
         self._uploaded = torch.cuda.Event()
-        self._uploaded.record()
+        self._uploaded.record(stream)

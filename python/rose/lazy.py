@@ -18,13 +18,16 @@ class LazyTensor:
         self._done = done
 
     @classmethod
-    def from_device(cls, values: torch.Tensor, copy_stream: torch.cuda.Stream | None = None) -> LazyTensor:
-        """Starts copying `values` to the host; on the CPU the result is complete at once."""
+    def from_device(
+        cls, values: torch.Tensor, copy_stream: torch.cuda.Stream | None = None, stream: torch.cuda.Stream | None = None
+    ) -> LazyTensor:
+        """Starts copying `values`, made on `stream` (default: the current one), to the host; on
+        the CPU the result is complete at once."""
         if values.device.type == "cpu":
             return cls(values.contiguous())
         assert copy_stream is not None, "a device result needs a copy stream"
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        copy_stream.wait_stream(torch.cuda.current_stream(values.device))
+        copy_stream.wait_stream(stream or torch.cuda.current_stream(values.device))
         with torch.cuda.stream(copy_stream):
             host.copy_(values, non_blocking=True)
             # The compute stream may reuse `values` once the copy that reads it is done.

@@ -19,13 +19,13 @@ class StepTimeline:
         self._span_ms = 0.0
         self._restart = False
 
-    def begin(self) -> None:
+    def begin(self, stream: torch.cuda.Stream) -> None:
         self._start = torch.cuda.Event(enable_timing=True)
-        self._start.record()
+        self._start.record(stream)
 
-    def end(self) -> None:
+    def end(self, stream: torch.cuda.Stream) -> None:
         end = torch.cuda.Event(enable_timing=True)
-        end.record()
+        end.record(stream)
         self._pending.append((self._start, end))
         self._collect()
 

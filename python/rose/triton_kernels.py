@@ -94,21 +94,29 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache:
 
 
 @triton.jit
-def _norm_rope_heads(src, dst, weight_ptr, cos, sin, eps, H: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
-    """RMSNorm of each of H heads at src (head after head), then RoPE; contiguous into dst."""
-    h = tl.arange(0, BLOCK_H)[:, None]
+def _norm_rope(rows, weight_ptr, cos, sin, eps, mask, HALF: tl.constexpr):
+    """RMSNorm of the head that starts at each of `rows` (pointers [R, 1]), then RoPE; returns its
+    two rotated halves [R, HALF] in the input's dtype."""
     i = tl.arange(0, HALF)[None, :]
-    mask = (h < H) & (i < HALF)
-    offsets = h * 2 * HALF + i
-    first = tl.load(src + offsets, mask=mask, other=0.0)
-    a, b = first.to(tl.float32), tl.load(src + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
+    first = tl.load(rows + i, mask=mask, other=0.0)
+    a, b = first.to(tl.float32), tl.load(rows + HALF + i, mask=mask, other=0.0).to(tl.float32)
     scale = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
     # Rounded where Hugging Face rounds: after the norm, after the weight, after the rotation.
     a = (tl.load(weight_ptr + i).to(tl.float32) * (a * scale).to(first.dtype).to(tl.float32)).to(first.dtype)
     b = (tl.load(weight_ptr + HALF + i).to(tl.float32) * (b * scale).to(first.dtype).to(tl.float32)).to(first.dtype)
     a, b = a.to(tl.float32), b.to(tl.float32)
-    tl.store(dst + offsets, (a * cos - b * sin).to(first.dtype), mask=mask)
-    tl.store(dst + offsets + HALF, (b * cos + a * sin).to(first.dtype), mask=mask)
+    return (a * cos - b * sin).to(first.dtype), (b * cos + a * sin).to(first.dtype)
+
+
+@triton.jit
+def _norm_rope_heads(src, dst, weight_ptr, cos, sin, eps, H: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """RMSNorm of each of H heads at src (head after head), then RoPE; contiguous into dst."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, HALF)[None, :]
+    mask = (h < H) & (i < HALF)
+    a, b = _norm_rope(src + h * 2 * HALF, weight_ptr, cos, sin, eps, mask, HALF)
+    tl.store(dst + h * 2 * HALF + i, a, mask=mask)
+    tl.store(dst + h * 2 * HALF + HALF + i, b, mask=mask)
 
 
 @triton.jit
@@ -130,6 +138,11 @@ def _qk_norm_rope(
 def fits_qk_norm_rope(head_dim: int) -> bool:
     """Whether qk_norm_rope compiles for this head dim (half of it a power of two)."""
     return head_dim % 2 == 0 and triton.next_power_of_2(head_dim // 2) == head_dim // 2
+
+
+def fits_norm_rope_attention(head_dim: int) -> bool:
+    """Whether norm_rope_attention compiles for this head dim (its dot products need halves of 16)."""
+    return fits_qk_norm_rope(head_dim) and head_dim >= 32
 
 
 def qk_norm_rope(
@@ -163,22 +176,9 @@ registers."""
 
 
 @triton.jit
-def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, seq_ptr, out_ptr, T, v_stride, scale,
-    H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):  # fmt: skip
-    """One head over every token of the batch; token i sees token j when both are of the same
-    sequence (and j <= i when causal)."""
-    head = tl.program_id(0)
-    kv_head = head // (H // HK)
-    t = tl.arange(0, BLOCK_T)
-    d = tl.arange(0, D)[None, :]
-    valid = t < T
-    q = tl.load(q_ptr + (t[:, None] * H + head) * D + d, mask=valid[:, None], other=0.0)
-    k = tl.load(k_ptr + (t[:, None] * HK + kv_head) * D + d, mask=valid[:, None], other=0.0)
-    v = tl.load(v_ptr + t[:, None] * v_stride + kv_head * D + d, mask=valid[:, None], other=0.0)
-    scores = tl.dot(q, tl.trans(k)) * scale
+def _attend(scores, t, valid, seq_ptr, v, CAUSAL: tl.constexpr):
+    """Softmax of one head's scores [T, T], token i seeing token j when both are of the same
+    sequence (and j <= i when causal), times v [T, D]."""
     seq_row = tl.load(seq_ptr + t, mask=valid, other=-1)
     seq_col = tl.load(seq_ptr + t, mask=valid, other=-2)
     seen = seq_row[:, None] == seq_col[None, :]
@@ -187,7 +187,25 @@ def _attention_kernel(
     scores = tl.where(seen, scores, -1e30)  # finite: the padding rows see nothing and stay finite
     p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
     p = p / tl.sum(p, axis=1)[:, None]
-    out = tl.dot(p.to(v.dtype), v)
+    return tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, seq_ptr, out_ptr, T, v_stride, scale,
+    H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """One head over every token of the batch."""
+    head = tl.program_id(0)
+    kv_head = head // (H // HK)
+    t = tl.arange(0, BLOCK_T)
+    d = tl.arange(0, D)[None, :]
+    valid = t < T
+    q = tl.load(q_ptr + (t[:, None] * H + head) * D + d, mask=valid[:, None], other=0.0)
+    k = tl.load(k_ptr + (t[:, None] * HK + kv_head) * D + d, mask=valid[:, None], other=0.0)
+    v = tl.load(v_ptr + t[:, None] * v_stride + kv_head * D + d, mask=valid[:, None], other=0.0)
+    out = _attend(tl.dot(q, tl.trans(k)) * scale, t, valid, seq_ptr, v, CAUSAL)
     tl.store(out_ptr + (t[:, None] * H + head) * D + d, out.to(v.dtype), mask=valid[:, None])
 
 
@@ -204,6 +222,59 @@ def small_batch_attention(
     _attention_kernel[(heads,)](
         q, k, v, seq_ids, out, tokens, v.stride(0), scale,
         H=heads, HK=k.shape[1], D=dim, CAUSAL=causal,
+        BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _norm_rope_attention_kernel(
+    qkv_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, out_ptr, T, row_stride, eps, scale,
+    H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """One head over every token of the batch, its q and k normed and rotated on the way in."""
+    head = tl.program_id(0)
+    kv_head = head // (H // HK)
+    t = tl.arange(0, BLOCK_T)
+    i = tl.arange(0, HALF)[None, :]
+    valid = t < T
+    mask = valid[:, None] & (i < HALF)
+    position = tl.load(positions_ptr + t, mask=valid, other=0).to(tl.int64)[:, None]
+    cos = tl.load(cache_ptr + position * 2 * HALF + i)
+    sin = tl.load(cache_ptr + position * 2 * HALF + HALF + i)
+    rows = qkv_ptr + t[:, None].to(tl.int64) * row_stride
+    q1, q2 = _norm_rope(rows + head * 2 * HALF, q_weight_ptr, cos, sin, eps, mask, HALF)
+    k1, k2 = _norm_rope(rows + (H + kv_head) * 2 * HALF, k_weight_ptr, cos, sin, eps, mask, HALF)
+    d = tl.arange(0, 2 * HALF)[None, :]
+    v = tl.load(rows + (H + HK + kv_head) * 2 * HALF + d, mask=valid[:, None], other=0.0)
+    # The rotated halves stay apart: q.k is the sum of the halves' dot products.
+    scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
+    out = _attend(scores, t, valid, seq_ptr, v, CAUSAL)
+    tl.store(out_ptr + (t[:, None] * H + head) * 2 * HALF + d, out.to(v.dtype), mask=valid[:, None])
+
+
+def norm_rope_attention(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cache: torch.Tensor,
+    seq_ids: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """qk_norm_rope and small_batch_attention in one launch, for a packed batch of at most
+    SMALL_BATCH_TOKENS tokens: from the fused projection qkv [T, (heads + 2 kv_heads) * dim] (rows
+    may be strided) to the attention output [T, heads * dim]."""
+    tokens, dim = qkv.shape[0], q_weight.shape[0]
+    assert tokens <= SMALL_BATCH_TOKENS and qkv.stride(1) == 1 and fits_norm_rope_attention(dim)
+    out = torch.empty(tokens, heads * dim, dtype=qkv.dtype, device=qkv.device)
+    _norm_rope_attention_kernel[(heads,)](
+        qkv, q_weight, k_weight, positions, cache, seq_ids, out, tokens, qkv.stride(0), eps, scale,
+        H=heads, HK=kv_heads, HALF=dim // 2, CAUSAL=causal,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
     )  # fmt: skip
     return out

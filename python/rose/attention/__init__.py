@@ -93,6 +93,10 @@ class AutoBackend(AttentionBackend):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.current(q, k, v)
 
+    def norm_rope_attention(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                            rope: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        return self.current.norm_rope_attention(qkv, q_norm, k_norm, eps, rope)
+
 
 def create_backend(name: str, spec: AttentionSpec, device: torch.device) -> AttentionBackend:
     """The backend `name`; "auto" picks per batch among those that load here (sdpa on the CPU)."""

@@ -63,6 +63,13 @@ class AttentionBackend(ABC):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
 
+    def norm_rope_attention(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                            rope: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """Qwen3's attention straight from the fused projection qkv [tokens, (heads + 2 kv_heads) *
+        dim]: per-head RMSNorm of q and k, RoPE, attention, in one launch -> [tokens, heads * dim].
+        None where this backend cannot for this batch; the model then takes those steps apart."""
+        return None
+
 
 class OffsetsOnDeviceBackend(AttentionBackend):
     """A backend whose kernel reads the batch's offsets from the device when it runs: planning

@@ -29,6 +29,17 @@ class SmallBatchBackend(OffsetsOnDeviceBackend):
         if spec.num_heads % spec.num_kv_heads:
             raise BackendUnavailable(f"{spec.num_heads} heads do not share {spec.num_kv_heads} key-value heads evenly")
 
+    def norm_rope_attention(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                            rope: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        # One launch where there were two: on a short query each launch a layer counts.
+        if qkv.shape[0] > self.max_tokens or not self._kernels.fits_norm_rope_attention(self.spec.head_dim):
+            return None
+        spec, batch = self.spec, self.batch
+        return self._kernels.norm_rope_attention(
+            qkv, q_norm, k_norm, eps, batch.positions, rope, batch.seq_ids,
+            spec.num_heads, spec.num_kv_heads, spec.causal, spec.scale,
+        )  # fmt: skip
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if q.shape[0] > self.max_tokens:
             raise ValueError(f"the {self.name} backend takes at most {self.max_tokens} tokens, not {q.shape[0]}")

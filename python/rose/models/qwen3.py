@@ -93,11 +93,15 @@ class Qwen3:
             if i > 0:
                 h = kernels.add_rmsnorm(x, residual, layer.input_norm, self.eps)
             qkv = layer.qkv(h)
-            q, k = kernels.qk_norm_rope(
-                qkv, layer.q_norm, layer.k_norm, self.eps, batch.positions, self.rope, spec.num_heads, spec.num_kv_heads
-            )
-            v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
-            x = layer.o(attention(q, k, v).reshape(-1, self.q_size))
+            out = attention.norm_rope_attention(qkv, layer.q_norm, layer.k_norm, self.eps, self.rope)
+            if out is None:
+                q, k = kernels.qk_norm_rope(
+                    qkv, layer.q_norm, layer.k_norm, self.eps, batch.positions, self.rope, spec.num_heads,
+                    spec.num_kv_heads,
+                )  # fmt: skip
+                v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
+                out = attention(q, k, v)
+            x = layer.o(out.reshape(-1, self.q_size))
             h = kernels.add_rmsnorm(x, residual, layer.post_norm, self.eps)
             x = layer.down(kernels.silu_and_mul(layer.gate_up(h)))
         return kernels.add_rmsnorm(x, residual, self.norm, self.eps)
