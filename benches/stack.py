@@ -435,12 +435,9 @@ def print_tables(report: dict) -> None:
     print(f"\nbatch over HTTP, medians over its runs: request latency p50 {median_of(http, 'p50'):.1f} ms, p99 "
           f"{median_of(http, 'p99'):.1f} ms; per request (ms): {parts}")  # fmt: skip
     if report["device"] != "cpu":
-        alone, beside = report["batch"]["rose in-process"][:2], report["batch"]["rose in-process"][2:]
-        idle = " / ".join(f"{median_of(runs, 'gpu_idle'):.1%}" for runs in (alone, beside, http, grpc))
-        # The in-process runs taken while ivy-serve holds the GPU too have shown a large idle share at an
-        # unchanged rate (not understood yet), so the runs before it started are shown apart.
-        print("GPU idle between steps in the batch runs (medians), in-process before the server started / after / "
-              f"HTTP / gRPC: {idle}")  # fmt: skip
+        all_runs = (report["batch"]["rose in-process"], http, grpc)
+        idle = " / ".join(f"{median_of(runs, 'gpu_idle'):.1%}" for runs in all_runs)
+        print(f"GPU idle between steps in the batch runs (medians), in-process / HTTP / gRPC: {idle}")
     print(f"mean tokens per engine step in the batch runs (medians), HTTP / gRPC: "
           f"{median_of(http, 'step_tokens'):,.0f} / {median_of(grpc, 'step_tokens'):,.0f}")  # fmt: skip
     print(f"tokenizer pool busy during the HTTP batch runs: {median_of(http, 'tokenizer_load'):.1%} "

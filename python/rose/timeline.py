@@ -7,44 +7,68 @@ from collections import deque
 import torch
 
 
-class StepTimeline:
-    """Events recorded at the start and end of each step's GPU work. Only the engine's thread
-    touches the events; other threads read plain numbers."""
+class IdleShare:
+    """The bookkeeping, apart from the events (so that it is testable without a GPU): steps' start
+    and end times in ms, counted by window. take() closes a window and opens the next; a step
+    counts in the window it was enqueued in, and the window's first step counts without the wait
+    before it (that wait is the client's, not a gap between steps)."""
 
     def __init__(self) -> None:
-        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self.window = 0
+        self._busy = self._span = 0.0
+        self._last_end: float | None = None
+        self._last_window = -1
+
+    def add(self, start: float, end: float, window: int) -> None:
+        """A finished step, enqueued in `window`."""
+        if window != self.window:
+            return  # enqueued before the current window opened, which reported without it
+        if window != self._last_window:
+            self._last_end, self._last_window = None, window
+        self._busy += end - start
+        # From the previous step's end: the gap before this step, then its work.
+        self._span += end - (start if self._last_end is None else self._last_end)
+        self._last_end = end
+
+    def take(self) -> float | None:
+        """The idle share of the steps counted since the last call (None if none); opens a new
+        window. Other threads may call it: it only reads and resets numbers."""
+        busy, span = self._busy, self._span
+        self._busy = self._span = 0.0
+        self.window += 1
+        return max(0.0, 1.0 - busy / span) if span > 0 else None
+
+
+class StepTimeline:
+    """Events recorded at the start and end of each step's GPU work. Only the engine's thread
+    touches the events; other threads call take_idle_fraction, which reads plain numbers."""
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
+        self._origin: torch.cuda.Event | None = None
         self._start: torch.cuda.Event | None = None
-        self._last_end: torch.cuda.Event | None = None
-        self._busy_ms = 0.0
-        self._span_ms = 0.0
-        self._restart = False
+        self._window = 0
+        self.share = IdleShare()
 
     def begin(self, stream: torch.cuda.Stream) -> None:
+        if self._origin is None:  # the times of all steps are taken from this event
+            self._origin = torch.cuda.Event(enable_timing=True)
+            self._origin.record(stream)
         self._start = torch.cuda.Event(enable_timing=True)
         self._start.record(stream)
+        self._window = self.share.window
 
     def end(self, stream: torch.cuda.Stream) -> None:
         end = torch.cuda.Event(enable_timing=True)
         end.record(stream)
-        self._pending.append((self._start, end))
+        self._pending.append((self._start, end, self._window))
         self._collect()
 
     def _collect(self) -> None:
         while self._pending and self._pending[0][1].query():
-            start, end = self._pending.popleft()
-            if self._restart:
-                self._last_end, self._restart = None, False
-            busy = start.elapsed_time(end)
-            self._busy_ms += busy
-            # From the previous step's end: the gap before this step, then its work.
-            self._span_ms += self._last_end.elapsed_time(end) if self._last_end is not None else busy
-            self._last_end = end
+            start, end, window = self._pending.popleft()
+            self.share.add(self._origin.elapsed_time(start), self._origin.elapsed_time(end), window)
 
     def take_idle_fraction(self) -> float | None:
         """The share of GPU time spent between the steps finished since the last call."""
-        busy, span = self._busy_ms, self._span_ms
-        self._busy_ms = self._span_ms = 0.0
-        # The next window starts with the next step: the wait before it is the client's, not a
-        # gap between steps. A flag, since _last_end belongs to the engine's thread.
-        self._restart = True
-        return max(0.0, 1.0 - busy / span) if span > 0 else None
+        return self.share.take()
