@@ -1,12 +1,14 @@
 """Online latency on the GPU: CUDA graphs against eager runs, in the engine and over HTTP.
 
     python benches/latency.py [--qwen3 0.6b] [--iterations 300]
+    python benches/latency.py --device cpu --qwen3 tiny    # the harness's share, without a GPU
 
 Engine: p50/p99 from step() to the vectors on the host, for one 16-token query and for eight
 32-token queries, with --cuda-graphs lazy (warmed: captured) and off. HTTP: the same requests,
 as token ids, to a real ivy-serve on loopback, one at a time, timed by the client and by the
-server (its x-total-time header); plus the time from starting the process to its first answer,
-with lazy capture.
+server (its x-total-time header, and the split of it: tokenization, queue, inference, transfer);
+plus the time from starting the process to its first answer, with lazy capture. On the CPU only
+the eager rows are taken (CUDA graphs and GPU time are the GPU's).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ def engine_latencies(engine: rose.Engine, sequences: int, length: int, iteration
     batches = [rng.integers(1000, 20000, size=sequences * length, dtype=np.int32) for _ in range(16)]
     for ids in batches[:4]:  # warm-up: eager run, capture
         engine.step(ids, cu).wait()
-    torch.cuda.synchronize()
     out = []
     for i in range(iterations):
         start = time.perf_counter()
@@ -80,9 +81,12 @@ def kernel_table(engine: rose.Engine, sequences: int, length: int) -> str:
     return head + "\n" + prof.key_averages().table(sort_by="self_device_time_total", row_limit=12)
 
 
-def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tuple[np.ndarray, np.ndarray]:
+SERVER_TIMES = ("total", "tokenization", "queue", "inference", "transfer")
+
+
+def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Client-side round trips (a keep-alive http.client connection, bodies serialized ahead) and
-    the server's own x-total-time, in milliseconds."""
+    the server's own times (x-total-time and its parts), in milliseconds."""
     rng = np.random.default_rng(1)
     parts = urlsplit(url)
     path = parts.path
@@ -92,7 +96,8 @@ def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tu
         json.dumps({"input": [rng.integers(1000, 20000, size=length).tolist() for _ in range(sequences)]})
         for _ in range(iterations + 8)
     ]
-    client, server = [], []
+    client: list[float] = []
+    server: dict[str, list[float]] = {name: [] for name in SERVER_TIMES}
     for i, body in enumerate(bodies):
         start = time.perf_counter()
         connection.request("POST", path, body, headers)
@@ -102,16 +107,17 @@ def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tu
         assert response.status == 200
         if i >= 8:
             client.append(elapsed * 1000)
-            server.append(float(response.getheader("x-total-time")))
-    return np.array(client), np.array(server)
+            for name, times in server.items():
+                times.append(float(response.getheader(f"x-{name}-time")))
+    return np.array(client), {name: np.array(times) for name, times in server.items()}
 
 
-def time_to_first_answer(work: Path, folder: Path | None) -> tuple[float, float, dict]:
+def time_to_first_answer(work: Path, folder: Path | None, device: str) -> tuple[float, float, dict]:
     """Seconds from starting ivy-serve until /health answers and until a first embedding is back,
     and the engine's own start-up phases from /info."""
     port, grpc = free_port(), free_port()
     command = ["ivy-serve", "--hostname", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc)]
-    command += ["--model", str(folder)] if folder else []
+    command += ["--device", device] + (["--model", str(folder)] if folder else [])
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=(work / "first.log").open("w"), stderr=subprocess.STDOUT)
     try:
@@ -141,7 +147,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--engine-only", action="store_true", help="skip the HTTP rows and the start-up timing")
     parser.add_argument("--attention-backend", default="auto", help="ROSE's attention backend (default auto)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    on_gpu = args.device == "cuda"
+    modes = ("lazy", "off") if on_gpu else ("off",)
     work = Path(tempfile.mkdtemp())
     folder = None
     if args.qwen3:
@@ -150,41 +159,49 @@ def main() -> None:
         folder = save_qwen3(work / f"qwen3-{args.qwen3}", args.qwen3, bidirectional=False)
     model = f"Qwen3 {args.qwen3} shape (random weights)" if folder else "all-MiniLM-L6-v2"
     # Rows are printed as they are measured, so that a run cut short still reports.
-    device = torch.cuda.get_device_name()
-    print(
-        f"{model}, bf16, {device}, attention {args.attention_backend}, {args.iterations} requests each, one at a time"
-    )
+    device = torch.cuda.get_device_name() if on_gpu else "CPU (float32)"
+    print(f"{model}, {device}, attention {args.attention_backend}, {args.iterations} requests each, one at a time")
     print("| path | CUDA graphs | request | p50 ms | p99 ms |")
     print("|---|---|---|---|---|")
 
     def row(path: str, graphs: str, name: str, ms: np.ndarray) -> None:
         print(f"| {path} | {graphs} | {name} | {np.percentile(ms, 50):.3f} | {np.percentile(ms, 99):.3f} |", flush=True)
 
-    for graphs in ("lazy", "off"):
+    for graphs in modes:
         engine = rose.Engine(
-            folder, device="cuda", cuda_graphs=graphs, attention_backend=args.attention_backend, verify=False
+            folder, device=args.device, cuda_graphs=graphs, attention_backend=args.attention_backend, verify=False
         )
         for name, (n, length) in SHAPES.items():
             row("engine", graphs, name, engine_latencies(engine, n, length, args.iterations))
-            row("engine, GPU time", graphs, name, gpu_milliseconds(engine, n, length))
-        if graphs == "off":
+            if on_gpu:
+                row("engine, GPU time", graphs, name, gpu_milliseconds(engine, n, length))
+        if graphs == "off" and on_gpu:
             print(kernel_table(engine, 1, 16), flush=True)
         del engine
-        torch.cuda.empty_cache()
+        if on_gpu:
+            torch.cuda.empty_cache()
     if args.engine_only:
         return
-    for graphs in ("lazy", "off"):
-        extra = ["--device", "cuda", "--cuda-graphs", graphs, "--attention-backend", args.attention_backend]
+    splits = []
+    for graphs in modes:
+        extra = ["--device", args.device, "--cuda-graphs", graphs, "--attention-backend", args.attention_backend]
         extra += ["--model", str(folder)] if folder else []
         server = start_server(work, *extra)
         try:
             for name, (n, length) in SHAPES.items():
                 ms, inside = http_latencies(f"{server.url}/v1/embeddings", n, length, args.iterations)
                 row("HTTP", graphs, name, ms)
-                row("HTTP, server side", graphs, name, inside)
+                row("HTTP, server side", graphs, name, inside["total"])
+                splits.append((graphs, name, {k: float(np.percentile(v, 50)) for k, v in inside.items()}))
         finally:
             server.stop()
-    ready, first, phases = time_to_first_answer(work, folder)
+    print("\n| CUDA graphs | request | server total | tokenization | queue | inference | transfer | rest (Ivy) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for graphs, name, p50 in splits:
+        rest = p50["total"] - sum(p50[k] for k in SERVER_TIMES[1:])
+        print(f"| {graphs} | {name} | " + " | ".join(f"{p50[k]:.3f}" for k in SERVER_TIMES) + f" | {rest:.3f} |")
+    print("(p50 ms of each of the server's x-*-time headers: the parts' p50s need not add up to the total's)")
+    ready, first, phases = time_to_first_answer(work, folder, args.device)
     print(f"\nivy-serve start to /health: {ready:.2f} s; to the first embedding: {first:.2f} s (lazy capture)")
     print("engine start-up phases (s):", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
