@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -190,7 +191,7 @@ class RoseInProcess:
         start = time.perf_counter()
         self.engine.embed_ids(self.ids)
         seconds = time.perf_counter() - start
-        idle = self.engine.stats().get("gpu_idle_fraction") if self.engine.device.type == "cuda" else None
+        idle = self.engine.stats().get("gpu_idle_fraction")  # absent on the CPU
         return {"seconds": seconds, "tokens_s": self.tokens / seconds, "gpu_idle": idle}
 
 
@@ -331,13 +332,14 @@ def main() -> None:
                   "tokens/s", flush=True)  # fmt: skip
         report["batch"] = {"rose in-process": in_process_runs, name: [reference], "stack over HTTP": http_runs,
                            "stack over gRPC": grpc_runs}  # fmt: skip
-        # Each run against the in-process runs on either side of it (the reference sits between the first two).
+        # Each run against the mean of the in-process runs on either side of it: the reference sits between the
+        # first two, the i-th HTTP and gRPC runs between the (i+1)-th and (i+2)-th.
+        around = [np.mean([a["tokens_s"], b["tokens_s"]]) for a, b in itertools.pairwise(in_process_runs)]
         report["batch_vs_in_process"] = {
-            key: [r["tokens_s"] / np.mean([a["tokens_s"], b["tokens_s"]])
-                  for r, a, b in zip(runs, in_process_runs[skip:], in_process_runs[skip + 1:], strict=False)]
-            for key, runs, skip in ((name, [reference], 0), ("stack over HTTP", http_runs, 1),
-                                    ("stack over gRPC", grpc_runs, 1))
-        }  # fmt: skip
+            name: [reference["tokens_s"] / around[0]],
+            "stack over HTTP": [r["tokens_s"] / m for r, m in zip(http_runs, around[1:], strict=True)],
+            "stack over gRPC": [r["tokens_s"] / m for r, m in zip(grpc_runs, around[1:], strict=True)],
+        }
 
         online_rows = []
         query_bodies = [{"input": q} for q in online]

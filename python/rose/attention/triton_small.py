@@ -28,11 +28,13 @@ class SmallBatchBackend(OffsetsOnDeviceBackend):
             raise BackendUnavailable(f"head_dim {dim} is not a power of two of at least 16")
         if spec.num_heads % spec.num_kv_heads:
             raise BackendUnavailable(f"{spec.num_heads} heads do not share {spec.num_kv_heads} key-value heads evenly")
+        # Whether QK-norm and RoPE can ride in the attention launch (norm_rope_attention).
+        self._fuses_norm_rope = self._kernels.fits_norm_rope_attention(dim)
 
     def norm_rope_attention(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                             rope: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
         # One launch where there were two: on a short query each launch a layer counts.
-        if qkv.shape[0] > self.max_tokens or not self._kernels.fits_norm_rope_attention(self.spec.head_dim):
+        if qkv.shape[0] > self.max_tokens or not self._fuses_norm_rope:
             return None
         spec, batch = self.spec, self.batch
         return self._kernels.norm_rope_attention(
