@@ -103,7 +103,8 @@ def start_server(log_dir: Path, *args: str, timeout: float = 180) -> Server:
         try:
             if requests.get(f"{server.url}/health", timeout=1).status_code == 200:
                 return server
-        except requests.ConnectionError:
+        # Ivy takes connections before its Tulip answers, and holds them until it does.
+        except (requests.ConnectionError, requests.Timeout):
             pass
         time.sleep(0.2)
     server.stop()

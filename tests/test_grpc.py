@@ -1,12 +1,18 @@
-"""The gRPC API through tulip.Client, against a real ivy-serve process."""
+"""The gRPC API through tulip.Client, against a real ivy-serve process, and Ivy in front of a
+Tulip in another process (ivy-serve --tulip-endpoint before tulip-serve)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
+import requests
 
 import tulip
-from support import Server, cosines
+from support import Server, cosines, free_port, start_server
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +67,37 @@ def test_bad_input_raises_value_error(client: tulip.Client, inputs: list, kwargs
 def test_an_unreachable_server_raises_connection_error() -> None:
     with pytest.raises(ConnectionError):
         tulip.Client("127.0.0.1:1", timeout=0.5)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """ivy-serve fronting a tulip-serve process: Ivy reaches it over gRPC only."""
+    logs = tmp_path_factory.mktemp("remote")
+    grpc_port = free_port()
+    command = ["tulip-serve", "--hostname", "127.0.0.1", "--grpc-port", str(grpc_port)]
+    env = {**os.environ, "DEVICE": os.environ.get("DEVICE", "cpu")}
+    with (logs / "tulip-serve.log").open("w") as log:
+        tulip_serve = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        front = start_server(logs, "--tulip-endpoint", f"http://127.0.0.1:{grpc_port}", "--auto-truncate")
+        yield front
+        front.stop()
+    finally:
+        tulip_serve.terminate()
+        tulip_serve.wait(timeout=30)
+
+
+def test_ivy_in_front_of_a_remote_tulip_answers_as_the_in_process_one(
+    remote: Server, server: Server, texts: list[str]
+) -> None:
+    def embed(at: Server, inputs: list) -> requests.Response:
+        return requests.post(f"{at.url}/v1/embeddings", json={"input": inputs}, timeout=60)
+
+    def vectors(at: Server) -> np.ndarray:
+        return np.array([row["embedding"] for row in embed(at, texts[:40]).json()["data"]])
+
+    assert cosines(vectors(remote), vectors(server)).min() >= 0.9999
+    # A client's mistake is a 4xx naming it, and the requests after it are served.
+    bad = embed(remote, [[101, 99999]])
+    assert bad.status_code == 422 and "vocabulary" in bad.json()["error"]
+    assert embed(remote, ["still serving"]).status_code == 200

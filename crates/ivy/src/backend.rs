@@ -1,4 +1,5 @@
-//! Ivy's side of the gRPC contract: Tulip replicas, and the fan-out of one client batch over them.
+//! Ivy's side of the gRPC contract: Tulip replicas (remote, or the one in this process), and the
+//! fan-out of one client batch over them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -56,15 +57,14 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Connects to every endpoint, waiting up to `patience` for each to answer.
+    /// Waits up to `patience` for each replica to answer (its engine may still be loading).
     pub async fn connect(
-        endpoints: &[String],
+        clients: Vec<TulipClient>,
         patience: Duration,
     ) -> Result<(Backend, InfoResponse), IvyError> {
         let mut replicas = Vec::new();
         let mut info = None;
-        for url in endpoints {
-            let client = TulipClient::new(url).map_err(|e| IvyError::Unavailable(e.to_string()))?;
+        for client in clients {
             let deadline = Instant::now() + patience;
             let replica_info = loop {
                 match client.info().await {
@@ -74,19 +74,24 @@ impl Backend {
                     }
                     Err(e) => {
                         return Err(IvyError::Unavailable(format!(
-                            "Tulip at {url} does not answer: {e}"
+                            "Tulip at {} does not answer: {e}",
+                            client.target()
                         )))
                     }
                 }
             };
-            tracing::info!("Ivy uses Tulip at {url} ({})", replica_info.model_id);
+            tracing::info!(
+                "Ivy uses Tulip at {} ({})",
+                client.target(),
+                replica_info.model_id
+            );
             info.get_or_insert(replica_info);
             replicas.push(Replica {
                 client,
                 in_flight: AtomicUsize::new(0),
             });
         }
-        let info = info.ok_or_else(|| IvyError::Unavailable("no Tulip endpoint given".into()))?;
+        let info = info.ok_or_else(|| IvyError::Unavailable("no Tulip replica given".into()))?;
         let backend = Backend {
             replicas: Arc::new(replicas),
             max_chunk_tokens: info.max_batch_tokens.max(1) as usize,

@@ -9,6 +9,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tulip::proto::InfoResponse;
+use tulip::TulipClient;
 
 use crate::backend::Backend;
 use crate::config::IvyArgs;
@@ -36,15 +37,15 @@ struct Inner {
 }
 
 impl Gateway {
-    /// Connects to Tulip (waiting up to `patience` for it to answer), fetches the model's
-    /// tokenizer from it, and starts the tokenizer pool. `metrics` renders /metrics.
+    /// Connects to the Tulip `replicas` (waiting up to `patience` for each to answer), fetches
+    /// the model's tokenizer, and starts the tokenizer pool. `metrics` renders /metrics.
     pub async fn connect(
         args: IvyArgs,
-        endpoints: &[String],
+        replicas: Vec<TulipClient>,
         patience: Duration,
         metrics: PrometheusHandle,
     ) -> Result<Gateway, IvyError> {
-        let (backend, info) = Backend::connect(endpoints, patience).await?;
+        let (backend, info) = Backend::connect(replicas, patience).await?;
         let setup = backend.tokenizer().await?;
         let tokenizer = Tokenizer::from_bytes(&setup.tokenizer_json).map_err(|e| {
             IvyError::Backend(format!("the model's tokenizer.json cannot be read: {e}"))
@@ -107,10 +108,10 @@ impl Gateway {
     }
 }
 
-/// Serves the HTTP API on `--hostname:--port` over the Tulip `endpoints` until `shutdown`.
+/// Serves the HTTP API on `--hostname:--port` over the Tulip `replicas` until `shutdown`.
 pub async fn run(
     args: IvyArgs,
-    endpoints: &[String],
+    replicas: Vec<TulipClient>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), IvyError> {
     let addr = format!("{}:{}", args.hostname, args.port);
@@ -118,7 +119,7 @@ pub async fn run(
         .await
         .map_err(|e| IvyError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
     let gateway =
-        Gateway::connect(args, endpoints, CONNECT_PATIENCE, crate::metrics::install()).await?;
+        Gateway::connect(args, replicas, CONNECT_PATIENCE, crate::metrics::install()).await?;
     let info = gateway.info();
     tracing::info!(
         "Ivy listens on http://{addr} serving {} ({} on {}, {} attention)",

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tokio::runtime::Runtime;
 use tulip::proto::Encoding;
+use tulip::TulipClient;
 
 /// What `embed` accepts: text, texts, token ids, or lists of token ids.
 #[derive(FromPyObject)]
@@ -70,8 +71,14 @@ impl Client {
             .build_recorder()
             .handle();
         let patience = Duration::from_secs_f64(timeout.max(0.0));
+        // The gRPC channel's background task needs the runtime: it is made inside it.
         let gateway = py
-            .detach(|| runtime.block_on(Gateway::connect(args, &[url], patience, metrics)))
+            .detach(|| {
+                runtime.block_on(async {
+                    let tulip = TulipClient::new(&url)?;
+                    Gateway::connect(args, vec![tulip], patience, metrics).await
+                })
+            })
             .map_err(|e| PyConnectionError::new_err(e.to_string()))?;
         Ok(Client { runtime, gateway })
     }

@@ -1,12 +1,12 @@
 //! `ivy-serve` and `tulip-serve`: parse flags, load ROSE under Tulip, serve until a signal.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use clap::{Args, Parser};
 use ivy::IvyArgs;
 use pyo3::prelude::*;
 use tokio::sync::watch;
-use tulip::{Scheduler, TulipArgs};
+use tulip::{Scheduler, TulipArgs, TulipClient};
 
 use crate::engine::{EngineArgs, Rose};
 
@@ -97,8 +97,13 @@ fn run(
         };
 
         if let Some(ivy) = ivy.as_ref().filter(|ivy| !ivy.tulip_endpoints.is_empty()) {
-            let endpoints = ivy.tulip_endpoints.clone();
-            return ivy::run(ivy.clone(), &endpoints, until(stopped))
+            let replicas = ivy
+                .tulip_endpoints
+                .iter()
+                .map(|url| TulipClient::new(url))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            return ivy::run(ivy.clone(), replicas, until(stopped))
                 .await
                 .map_err(|e| e.to_string());
         }
@@ -121,6 +126,9 @@ fn run(
         .map_err(|e| e.to_string())?;
         let grpc_addr = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!("Tulip listens for gRPC on {grpc_addr}");
+        // Other gateways and tulip.Client reach Tulip over gRPC; this process's Ivy calls it
+        // directly, which saves the loopback round trip on every request.
+        let local = TulipClient::in_process(scheduler.clone());
         let grpc = tokio::spawn(tulip::server::serve(
             scheduler,
             listener,
@@ -128,14 +136,7 @@ fn run(
         ));
 
         if let Some(ivy) = ivy {
-            // Ivy reaches Tulip only through its gRPC port, as it would another host's.
-            let local = if ip.is_unspecified() {
-                IpAddr::V4(Ipv4Addr::LOCALHOST)
-            } else {
-                ip
-            };
-            let endpoint = format!("http://{}", SocketAddr::new(local, grpc_addr.port()));
-            ivy::run(ivy, &[endpoint], until(stopped))
+            ivy::run(ivy, vec![local], until(stopped))
                 .await
                 .map_err(|e| e.to_string())?;
         }

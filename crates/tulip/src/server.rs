@@ -21,7 +21,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    let service = TulipServer::new(TulipService { scheduler })
+    let service = TulipServer::new(TulipService::new(scheduler))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
@@ -33,8 +33,16 @@ pub async fn serve(
         .await
 }
 
-struct TulipService {
+/// The gRPC contract's implementation; `TulipClient::in_process` calls it without a socket.
+#[derive(Clone)]
+pub(crate) struct TulipService {
     scheduler: Scheduler,
+}
+
+impl TulipService {
+    pub(crate) fn new(scheduler: Scheduler) -> TulipService {
+        TulipService { scheduler }
+    }
 }
 
 #[tonic::async_trait]
