@@ -20,6 +20,11 @@ if [ ! -e /tmp/.caches-restored ]; then
 fi
 python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/ivy dist/*.whl 2>&1 | grep -v WARNING
 export PYTHONPATH=/tmp/ivy:$PYTHONPATH PATH=/tmp/ivy/bin:$PATH PYTHONWARNINGS=ignore PYTHONFAULTHANDLER=1
+# The lent machine sets PYTHONDONTWRITEBYTECODE and its packages carry no bytecode, so every
+# process would compile torch's and FlashInfer's Python again (+1.6 s to import torch alone). A
+# pip-installed host keeps bytecode; so does this, in a cache under /tmp.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false
 summary=()
 for step in "$@"; do

@@ -83,3 +83,43 @@ def test_auto_says_why_when_nothing_loads(backends) -> None:
     backends(failing={"fa2", "fa3", "fa4", "torch"})
     with pytest.raises(BackendUnavailable, match="fa3 is not installed"):
         AutoBackend(SPEC, torch.device("cpu"))
+
+
+def test_reachable_drops_what_the_models_sequences_cannot_reach() -> None:
+    table = [(1024, "torch"), (float("inf"), "fa4")]
+    assert attention.reachable(table, 256) == [(1024, "torch")]
+    assert attention.reachable(table, 1024) == [(1024, "torch")]
+    assert attention.reachable(table, 1025) == table
+
+
+def test_auto_loads_no_backend_that_only_longer_sequences_would_take(backends) -> None:
+    tried = backends(failing=set())
+    AutoBackend(SPEC, torch.device("cpu"), max_length=64)
+    assert tried == ["fa2", "triton"]
+
+
+def test_deferring_serves_with_the_light_backends_and_imports_the_heavy_ones_later(backends, monkeypatch) -> None:
+    tried = backends(failing=set())
+    auto = AutoBackend(SPEC, torch.device("cpu"), defer=True)
+    assert tried == ["torch", "triton"] and auto.deferred == ["fa2", "fa3"]
+    assert auto.choose(batch([300, 200])).name == "torch" and auto.takes_small(64) and not auto.takes_small(65)
+    imported = []
+
+    def import_libraries(name: str, loads: bool) -> classmethod:
+        def load(cls) -> None:
+            imported.append(name)
+            if not loads:
+                raise BackendUnavailable(f"{name} is not installed")
+
+        return classmethod(load)
+
+    monkeypatch.setattr(attention.BACKENDS["fa2"], "import_libraries", import_libraries("fa2", True))
+    monkeypatch.setattr(attention.BACKENDS["fa3"], "import_libraries", import_libraries("fa3", False))
+    auto.import_deferred()
+    assert imported == ["fa2", "fa3"] and auto.deferred == ["fa2"]
+
+
+def test_deferring_needs_a_light_backend_to_serve_meanwhile(backends) -> None:
+    tried = backends(failing={"torch"})
+    auto = AutoBackend(SPEC, torch.device("cpu"), defer=True)
+    assert tried == ["torch", "fa2", "fa3", "triton"] and not auto.deferred and list(auto.backends) == ["fa2", "fa3"]

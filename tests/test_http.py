@@ -111,7 +111,7 @@ def test_info_health_and_metrics(server: Server) -> None:
     assert (info["device"], info["attention_backend"], info["dimensions"]) == ("cpu", "sdpa", 384)
     assert info["max_input_length"] == 256
     assert info["tokenization_workers"] >= 1
-    phases = {"read_weights", "to_device", "attention", "warmup", "fidelity_check"}
+    phases = {"read_weights", "build_model", "attention", "warmup", "fidelity_check"}
     assert set(info["engine"]["startup_seconds"]) == phases
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
     post(server, "/embed", {"inputs": "warm the counters"})

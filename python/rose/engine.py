@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import numpy as np
 import torch
 
 from rose import fidelity
-from rose.attention import AttentionBackend, create_backend
+from rose.attention import AttentionBackend, AutoBackend, create_backend
 from rose.batch import RaggedBatch, as_int32
 from rose.graphs import CudaGraphs, bucket
 from rose.inputs import DeviceInputs
@@ -76,6 +78,7 @@ class Engine:
         max_cuda_graphs: int = 256,
         warmup: Sequence[str] = (),
         verify: bool = True,
+        defer_attention: bool = False,
     ) -> None:
         self.model_dir = ModelDir.open(model)
         self.device = resolve_device(device)
@@ -88,14 +91,17 @@ class Engine:
         self.max_batch_requests = max_batch_requests or 512
         marks = [time.perf_counter()]
         self._cls = model_class(self.model_dir.model_type)
-        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
+        # Straight onto the device: the model and the fidelity check's float32 reference are both
+        # built from these there, without a second trip over PCIe.
+        weights = load_weights(self.model_dir.path, self._cls.weight_prefixes, self.device)
         marks.append(time.perf_counter())
         self.model = self._cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
         marks.append(time.perf_counter())
-        self.use_attention(attention_backend)
+        self.use_attention(attention_backend, defer=defer_attention)
         self._tokenizer: Any = None
         self.graphs: CudaGraphs | None = None
         self.fidelity: dict[str, Any] | None = None
+        self._deferred: Future[None] | None = None
         if on_gpu:
             # Held, not looked up: torch's current-stream lookups cost the host a few us each, several a step.
             self._stream = torch.cuda.current_stream(self.device)
@@ -109,13 +115,14 @@ class Engine:
         for spec in warmup:
             self._warm(spec)
         marks.append(time.perf_counter())
+        self._expected: tuple[list[list[int]], np.ndarray] | None = None
         if verify and (on_gpu or self.matmul_dtype != self.dtype):
             self.fidelity = self.check_fidelity(weights=weights)
         del weights
         marks.append(time.perf_counter())
-        # Where start-up time goes, for /info: the first-answer target depends on it. "to_device"
-        # includes creating the CUDA context; "attention", importing its kernels' libraries.
-        phases = ("read_weights", "to_device", "attention", "warmup", "fidelity_check")
+        # Where start-up time goes, for /info: the first-answer target depends on it.
+        # "read_weights" includes creating the CUDA context; "attention", importing its libraries.
+        phases = ("read_weights", "build_model", "attention", "warmup", "fidelity_check")
         self.startup_seconds = {k: round(b - a, 3) for k, a, b in zip(phases, marks[:-1], marks[1:], strict=True)}
         log.info(
             "ROSE serves %s (%s) on %s in %s with %s attention, %s pooling and CUDA graphs %s; start-up %s",
@@ -128,13 +135,36 @@ class Engine:
             self.graphs.mode if self.graphs else "off",
             ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_seconds.items()),
         )
+        if isinstance(self.attention, AutoBackend) and self.attention.deferred:
+            self._deferred = _in_background(self.attention.import_deferred)
+            log.info("importing the attention backends %s in the background", ", ".join(self.attention.deferred))
 
-    def use_attention(self, name: str) -> None:
-        """Switches the attention backend: "auto", or a name of rose.attention.BACKENDS."""
+    def use_attention(self, name: str, defer: bool = False) -> None:
+        """Switches the attention backend: "auto", or a name of rose.attention.BACKENDS. With
+        `defer`, "auto" leaves the backends whose libraries are slow to import for later."""
         spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
-        self.attention = create_backend(name, spec, self.device)
+        self.attention = create_backend(name, spec, self.device, self.max_input_length, defer)
         if getattr(self, "graphs", None) is not None:
             self.graphs = CudaGraphs(self.graphs.mode, self.graphs.max_graphs, self.attention)
+
+    def _adopt_deferred_attention(self) -> None:
+        """Switches to the full "auto" backend once its libraries are in, if the fidelity check
+        passes on it (else keeps the path it has). Runs before a batch the deferred backends
+        would take, so online queries never wait for it."""
+        imported, self._deferred = self._deferred, None
+        if imported is not None and imported.exception() is not None:
+            log.warning("the deferred attention backends did not import: %s", imported.exception())
+            return
+        kept = self.attention, self.graphs
+        self.use_attention("auto")
+        if self._expected is None:
+            log.info("attention backend now %s", self.attention.name)
+            return
+        report = fidelity.check(self, self._expected, fall_back=False)
+        if report["worst_cosine"] < report["threshold"]:
+            self.attention, self.graphs = kept
+        assert self.fidelity is not None
+        self.fidelity["adopted_later"] = report
 
     @property
     def dimensions(self) -> int:
@@ -164,6 +194,8 @@ class Engine:
 
     def _step_cuda(self, ids: np.ndarray, cu: np.ndarray) -> LazyTensor:
         tokens, sequences = len(ids), len(cu) - 1
+        if self._deferred is not None and self._deferred.done() and not self.attention.takes_small(tokens):
+            self._adopt_deferred_attention()
         longest = int(np.diff(cu).max()) if sequences else 0
         # Graphs share one memory pool: the previous result leaves it before the next replay.
         if self._last_copy is not None:
@@ -214,19 +246,25 @@ class Engine:
         self, threshold: float = 0.999, weights: dict[str, torch.Tensor] | None = None
     ) -> dict[str, Any]:
         """Checks the serving path against a float32 eager reference; see rose.fidelity. `weights`:
-        the checkpoint's tensors if still at hand (else they are read again)."""
-        return fidelity.check(self, threshold, weights)
+        the checkpoint's tensors if still at hand (else they are read again). The reference's
+        vectors are kept for checking a backend adopted later."""
+        fixed = fidelity.sequences(int(self.model_dir.config["vocab_size"]), self.max_input_length)
+        self._expected = fixed, fidelity.reference(self, fixed, weights)
+        return fidelity.check(self, self._expected, threshold)
 
     def reference_model(self, weights: dict[str, torch.Tensor] | None = None) -> Any:
-        """The model again, in float32: the reference of the fidelity check."""
+        """The model again, in float32: the reference of the fidelity check. `weights`: the
+        checkpoint's tensors if still at hand (else they are read again)."""
         if weights is None:
-            weights = load_weights(self.model_dir.path, self._cls.weight_prefixes)
+            weights = load_weights(self.model_dir.path, self._cls.weight_prefixes, self.device)
         return self._cls(self.model_dir.config, weights, torch.float32, self.device, torch.float32)
 
     def stats(self) -> dict[str, Any]:
         """The engine's live state, for /info: graphs, fidelity, and the GPU's idle share between
         the steps finished since the last call."""
         out: dict[str, Any] = {
+            "attention_backend": self.attention.name,
+            "attention_deferred": self.attention.deferred if isinstance(self.attention, AutoBackend) else [],
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,
             "startup_seconds": self.startup_seconds,
@@ -312,6 +350,21 @@ def _pack(sequences: Sequence[Sequence[int]], max_tokens: int, max_sequences: in
     if start < len(sequences):
         chunks.append(sequences[start:])
     return chunks
+
+
+def _in_background(work: Callable[[], None]) -> Future[None]:
+    """Runs `work` on a daemon thread; the future says when it is done."""
+    future: Future[None] = Future()
+
+    def run() -> None:
+        try:
+            work()
+            future.set_result(None)
+        except BaseException as why:  # noqa: BLE001 - handed to whoever looks at the future
+            future.set_exception(why)
+
+    threading.Thread(target=run, name="rose-imports", daemon=True).start()
+    return future
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -51,15 +51,20 @@ def reference(
         return pool(model.forward(batch, attention), batch, engine.pooling).cpu().numpy()
 
 
-def check(engine: Engine, threshold: float = 0.999, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
-    """Runs the check; on divergence turns graphs off, then falls back to the torch attention
-    backend, and says so in the log and in the report it returns."""
-    fixed = sequences(int(engine.model_dir.config["vocab_size"]), engine.max_input_length)
-    expected = reference(engine, fixed, weights)
+def check(
+    engine: Engine,
+    expected: tuple[list[list[int]], np.ndarray],
+    threshold: float = 0.999,
+    fall_back: bool = True,
+) -> dict[str, Any]:
+    """Runs the engine's path on the fixed sequences of `expected` and compares with the
+    reference's vectors there. On divergence, with `fall_back`, turns graphs off, then falls back
+    to the torch attention backend, and says so in the log and in the report it returns."""
+    fixed, vectors = expected
     # The short ones alone too: a batch of online queries takes other kernels (the triton
     # attention backend, up to 64 tokens).
     short = next((i for i in range(len(fixed)) if sum(map(len, fixed[: i + 1])) > 64), len(fixed))
-    batches = [(fixed, expected), (fixed[:short], expected[:short])]
+    batches = [(fixed, vectors), (fixed[:short], vectors[:short])]
     fallbacks = []
     while True:
         # Three runs: with lazy graphs, a bucket's eager run, its capture and a replay.
@@ -73,6 +78,8 @@ def check(engine: Engine, threshold: float = 0.999, weights: dict[str, torch.Ten
             break
         log.warning("the path %s diverges from float32 (worst cosine %.6f); not serving it", path, worst)
         fallbacks.append({"path": path, "worst_cosine": worst})
+        if not fall_back:
+            break
         if engine.graphs is not None:
             engine.graphs = None
         elif engine.attention.name != "torch" and engine.device.type == "cuda":

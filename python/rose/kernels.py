@@ -1,6 +1,6 @@
-"""Fused kernels of the decoder models: FlashInfer's on the GPU, ROSE's Triton kernels where
-FlashInfer is missing, wrong or slow to build, plain torch elsewhere (the CPU, float32, or a GPU
-without either). The same kernels run eagerly and inside CUDA graphs. The torch versions follow
+"""Fused kernels of the decoder models: ROSE's Triton kernels on the GPU, FlashInfer's where
+Triton is missing, plain torch elsewhere (the CPU, float32, or a GPU without either). The same
+kernels run eagerly and inside CUDA graphs. The torch versions follow
 Hugging Face's arithmetic (float32 inside, the model's dtype outside) and are the reference the
 others are tested against."""
 
@@ -52,8 +52,7 @@ def _flashinfer_for(x: torch.Tensor) -> ModuleType | None:
 
 
 def _triton_for(x: torch.Tensor) -> ModuleType | None:
-    """ROSE's Triton kernels, for 16-bit x on the GPU: where FlashInfer is missing, wrong or slow
-    to build."""
+    """ROSE's Triton kernels, for 16-bit x on the GPU."""
     return triton_kernels() if _gpu_16bit(x) else None
 
 
@@ -80,13 +79,19 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     return rmsnorm(residual, weight, eps)
 
 
+# Triton's first: importing FlashInfer takes about a second (it loads the CuTe DSL), which the
+# model's own kernels must not add to the first answer; only the attention backends that need
+# FlashInfer import it, off the start-up path (rose.attention.AutoBackend).
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU of the first half of the last dimension times its second half."""
-    fi, tr = _flashinfer_for(x), _triton_for(x)
-    if fi is not None:
-        return fi.activation.silu_and_mul(x, enable_pdl=ENABLE_PDL)
+    tr = _triton_for(x)
     if tr is not None:
         return tr.silu_and_mul(x)
+    fi = _flashinfer_for(x)
+    if fi is not None:
+        return fi.activation.silu_and_mul(x, enable_pdl=ENABLE_PDL)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -102,15 +107,15 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache:
     """Rotates q [tokens, heads, dim] and k [tokens, kv_heads, dim] in place (NeoX halves), each
     token by its own position in its sequence."""
     head_dim = q.shape[-1]
-    fi = _flashinfer_for(q) if head_dim in _FLASHINFER_ROPE_DIMS else None
     tr = _triton_for(q)
+    if tr is not None:
+        tr.apply_rope(q, k, positions, cache)
+        return
+    fi = _flashinfer_for(q) if head_dim in _FLASHINFER_ROPE_DIMS else None
     if fi is not None:
         fi.rope.apply_rope_with_cos_sin_cache_inplace(
             positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), head_dim, cache, is_neox=True
         )
-        return
-    if tr is not None:
-        tr.apply_rope(q, k, positions, cache)
         return
     cos, sin = cache[positions.long()].chunk(2, dim=-1)
     cos, sin = torch.cat([cos, cos], -1)[:, None, :], torch.cat([sin, sin], -1)[:, None, :]

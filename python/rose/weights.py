@@ -8,14 +8,16 @@ import torch
 from safetensors.torch import load_file
 
 
-def load_weights(root: Path, prefixes: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """All tensors of the folder's *.safetensors files, with any of `prefixes` stripped."""
+def load_weights(
+    root: Path, prefixes: tuple[str, ...] = (), device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """All tensors of the folder's *.safetensors files on `device`, with any of `prefixes` stripped."""
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{root} has no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        for name, tensor in load_file(str(file)).items():
+        for name, tensor in load_file(str(file), device=str(device)).items():
             for prefix in prefixes:
                 if name.startswith(prefix):
                     name = name[len(prefix) :]

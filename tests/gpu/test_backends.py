@@ -55,6 +55,30 @@ def test_qwen3_06b_shape_matches_transformers(qwen3: tuple, backend: str) -> Non
     assert sims.min() >= THRESHOLD, f"{backend}: worst sequence of {len(sequences[sims.argmin()])} tokens: {sims.min()}"
 
 
+def test_deferred_backends_are_adopted_for_long_batches_after_a_fidelity_check(qwen3: tuple) -> None:
+    engine, sequences, expected = qwen3
+    served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
+    assert served.attention.name == "auto(torch,triton)" and served.stats()["attention_deferred"] == ["fa2", "fa3"]
+    served._deferred.result(timeout=300)
+    served.embed_ids([[5] * 16])  # an online query does not wait for the switch
+    assert served.attention.name == "auto(torch,triton)"
+    vectors = served.embed_ids(sequences, normalize=False)
+    assert served.attention.name == "auto(fa2,fa3,triton)"
+    assert served.fidelity["adopted_later"]["worst_cosine"] >= THRESHOLD
+    assert cosines(vectors, expected).min() >= THRESHOLD
+
+
+def test_deferred_backends_that_diverge_are_not_adopted(qwen3: tuple) -> None:
+    engine, sequences, expected = qwen3
+    served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
+    fixed, reference = served._expected
+    served._expected = fixed, -reference  # every path diverges from this
+    served._deferred.result(timeout=300)
+    vectors = served.embed_ids(sequences, normalize=False)
+    assert served.attention.name == "auto(torch,triton)" and served.fidelity["adopted_later"]["fallbacks"]
+    assert cosines(vectors, expected).min() >= THRESHOLD
+
+
 @pytest.fixture(scope="module")
 def minilm() -> tuple[rose.Engine, list[str], np.ndarray]:
     from sentence_transformers import SentenceTransformer
@@ -74,7 +98,8 @@ def test_minilm_head_dim_32_matches_sentence_transformers(minilm: tuple, backend
 def test_auto_loads_the_backends_of_its_table_and_picks_one_per_batch(minilm: tuple) -> None:
     engine, texts, reference = minilm
     engine.use_attention("auto")
-    assert set(engine.attention.backends) == {"torch", "fa4"}  # AUTO_TABLE for head_dim 32
+    # AUTO_TABLE for head_dim 32 names FA4 past 1024 tokens only, beyond MiniLM's 256.
+    assert set(engine.attention.backends) == {"torch"}
     assert cosines(engine.encode(texts), reference).min() >= THRESHOLD
 
 

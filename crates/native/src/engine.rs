@@ -75,6 +75,9 @@ impl Rose {
             kwargs.set_item("max_cuda_graphs", args.max_cuda_graphs)?;
             kwargs.set_item("max_batch_tokens", tulip.max_batch_tokens)?;
             kwargs.set_item("max_batch_requests", tulip.max_batch_requests)?;
+            // A server answers its first queries sooner with the attention libraries that
+            // are slow to import loaded in the background (rose.attention.AutoBackend).
+            kwargs.set_item("defer_attention", true)?;
             let engine = py
                 .import("rose")?
                 .getattr("Engine")?

@@ -38,30 +38,50 @@ AUTO_TABLE: dict[tuple[int, bool], list[tuple[float, str]]] = {
     (128, True): [(64, "fa2"), (math.inf, "fa3")],
 }
 GPU_ORDER = ["fa3", "fa4", "fa2", "torch"]
+# Backends whose libraries take a second or more to import (FlashInfer and FA4 load the CuTe DSL).
+HEAVY = {"fa2", "fa3", "fa4"}
 # Shapes whose small batches (online queries: SmallBatchBackend's max_tokens or fewer in all) take
 # ROSE's Triton kernel instead (benches/latency.py on the H200, benches/RESULTS.md).
 SMALL_BATCH_SHAPES = {(128, False), (128, True)}
 
 
+def reachable(table: list[tuple[float, str]], max_length: float) -> list[tuple[float, str]]:
+    """The entries of a table that batches of sequences of at most `max_length` tokens reach (a
+    batch's mean length is at most its longest sequence's)."""
+    out = []
+    for bound, name in table:
+        out.append((bound, name))
+        if bound >= max_length:
+            break
+    return out
+
+
 class AutoBackend(AttentionBackend):
     """The backends of the measured table for this shape that load here (else the first of
     GPU_ORDER that does); each batch goes to the fastest one for its shape. Backends the table
-    does not name are not loaded: importing one (FA4's CuTe DSL) costs start-up time."""
+    does not name, or names only for sequences longer than `max_length`, are not loaded.
 
-    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+    With `defer`, the HEAVY backends are left out: the engine serves its first requests with the
+    others (torch's varlen kernel, the Triton kernel) and imports the rest on a background thread
+    (`import_deferred`), then builds a full AutoBackend once they are in."""
+
+    def __init__(
+        self, spec: AttentionSpec, device: torch.device, max_length: float = math.inf, defer: bool = False
+    ) -> None:
         super().__init__(spec, device)
-        table = AUTO_TABLE.get((spec.head_dim, spec.causal), [])
+        table = reachable(AUTO_TABLE.get((spec.head_dim, spec.causal), []), max_length)
         named = [name for _, name in table]
         self.backends: dict[str, AttentionBackend] = {}
-        reasons = []
-        for name in dict.fromkeys(named + GPU_ORDER):
-            if self.backends and name not in named:
-                break
-            try:
-                self.backends[name] = BACKENDS[name](spec, device)
-            except BackendUnavailable as why:
-                reasons.append(f"{name}: {why}")
-                log.info("attention backend %s unavailable: %s", name, why)
+        self.deferred: list[str] = []
+        reasons: list[str] = []
+        if defer:
+            light = [name for name in named if name not in HEAVY]
+            self._load([name for name in dict.fromkeys(named + GPU_ORDER) if name not in HEAVY], light, reasons)
+            # Deferring needs a backend to serve meanwhile, one that loads without a heavy import.
+            if self.backends:
+                self.deferred = [name for name in named if name in HEAVY]
+        if not self.backends:
+            self._load(list(dict.fromkeys(named + GPU_ORDER)), named, reasons)
         if not self.backends:
             raise BackendUnavailable("no attention backend can run here: " + "; ".join(reasons))
         self.table = [(bound, name) for bound, name in table if name in self.backends]
@@ -75,8 +95,33 @@ class AutoBackend(AttentionBackend):
                 log.info("attention backend triton unavailable: %s", why)
         self.name = "auto(" + ",".join([*self.backends, *(["triton"] if self.small else [])]) + ")"
 
+    def _load(self, candidates: list[str], named: list[str], reasons: list[str]) -> None:
+        """Loads the `named` candidates that load here, else the first other one that does."""
+        for name in candidates:
+            if self.backends and name not in named:
+                break
+            try:
+                self.backends[name] = BACKENDS[name](self.spec, self.device)
+            except BackendUnavailable as why:
+                reasons.append(f"{name}: {why}")
+                log.info("attention backend %s unavailable: %s", name, why)
+
+    def import_deferred(self) -> None:
+        """Imports the deferred backends' libraries (seconds; run it off the engine's thread).
+        Those that do not import are dropped from `deferred`."""
+        for name in list(self.deferred):
+            try:
+                BACKENDS[name].import_libraries()
+            except BackendUnavailable as why:
+                log.info("attention backend %s unavailable: %s", name, why)
+                self.deferred.remove(name)
+
+    def takes_small(self, tokens: int) -> bool:
+        """True when a batch of `tokens` goes to the Triton kernel for small batches."""
+        return self.small is not None and tokens <= self.small.max_tokens
+
     def choose(self, batch: RaggedBatch) -> AttentionBackend:
-        if self.small is not None and batch.num_tokens <= self.small.max_tokens:
+        if self.takes_small(batch.num_tokens):
             return self.small
         mean_length = batch.num_tokens / max(batch.num_sequences, 1)
         name = next((name for bound, name in self.table if mean_length <= bound), self.fallback)
@@ -98,10 +143,15 @@ class AutoBackend(AttentionBackend):
         return self.current.norm_rope_attention(qkv, q_norm, k_norm, eps, rope)
 
 
-def create_backend(name: str, spec: AttentionSpec, device: torch.device) -> AttentionBackend:
-    """The backend `name`; "auto" picks per batch among those that load here (sdpa on the CPU)."""
+def create_backend(
+    name: str, spec: AttentionSpec, device: torch.device, max_length: float = math.inf, defer: bool = False
+) -> AttentionBackend:
+    """The backend `name`; "auto" picks per batch among those that load here (sdpa on the CPU),
+    for sequences of at most `max_length` tokens, leaving the heavy ones for later with `defer`."""
     if name == "auto":
-        return SdpaBackend(spec, device) if device.type == "cpu" else AutoBackend(spec, device)
+        if device.type == "cpu":
+            return SdpaBackend(spec, device)
+        return AutoBackend(spec, device, max_length, defer)
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; known: auto, {', '.join(BACKENDS)}")
     return BACKENDS[name](spec, device)

@@ -38,6 +38,13 @@ class AttentionBackend(ABC):
         self.spec = spec
         self.device = device
 
+    @classmethod
+    def import_libraries(cls) -> None:
+        """Imports the libraries this backend needs (seconds, for some), so that a later
+        construction is quick; raises BackendUnavailable when they do not import. Most need
+        nothing beyond torch."""
+        return None
+
     @staticmethod
     def require_cuda(name: str, device: torch.device, spec: AttentionSpec, min_capability: tuple[int, int]) -> None:
         """Raises BackendUnavailable unless `device` is a GPU of `min_capability` and the model

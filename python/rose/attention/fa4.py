@@ -19,12 +19,18 @@ class FlashAttention4Backend(OffsetsOnDeviceBackend):
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
         self.require_cuda(self.name, device, spec, (9, 0))
+        self.import_libraries()
+        from flash_attn.cute import flash_attn_varlen_func
+
+        self._attend: Callable = flash_attn_varlen_func
+
+    @classmethod
+    def import_libraries(cls) -> None:
         _keep_compiled_kernels()
         try:
-            from flash_attn.cute import flash_attn_varlen_func
+            import flash_attn.cute  # noqa: F401
         except ImportError as why:
             raise BackendUnavailable(f"flash-attn-4 does not import: {why}") from why
-        self._attend: Callable = flash_attn_varlen_func
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         cu, longest = self.batch.cu_seqlens, self.batch.max_seqlen

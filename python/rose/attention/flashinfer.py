@@ -31,10 +31,9 @@ class FlashInferBackend(AttentionBackend):
     ) -> None:
         super().__init__(spec, device)
         self.name = self.variant
-        fi = kernels.flashinfer()
-        if fi is None:
-            raise BackendUnavailable("flashinfer is not installed (pip install flashinfer-python)")
+        self.import_libraries()
         self.require_cuda(self.name, device, spec, self.min_capability)
+        fi = kernels.flashinfer()
         self.head_dim = max(spec.head_dim, _SMALLEST_HEAD_DIM)
         # Graphs never run at the same time, so their wrappers share one float workspace.
         self.workspace = (
@@ -48,6 +47,11 @@ class FlashInferBackend(AttentionBackend):
         self.wrapper = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper(
             self.workspace, "NHD", backend=self.variant, **graph_buffers
         )
+
+    @classmethod
+    def import_libraries(cls) -> None:
+        if kernels.flashinfer() is None:
+            raise BackendUnavailable("flashinfer is not installed (pip install flashinfer-python)")
 
     def for_graph(self, key: tuple[int, int], batch: RaggedBatch) -> AttentionBackend:
         return type(self)(self.spec, self.device, graph_sequences=key[1], workspace=self.workspace)
