@@ -188,6 +188,7 @@ def main() -> None:
         extra += ["--model", str(folder)] if folder else []
         server = start_server(work, *extra)
         try:
+            server.settle()
             for name, (n, length) in SHAPES.items():
                 ms, inside = http_latencies(f"{server.url}/v1/embeddings", n, length, args.iterations)
                 row("HTTP", graphs, name, ms)

@@ -309,6 +309,7 @@ def main() -> None:
     server_args = ["--device", args.device, *args.server_arg] + (["--model", str(folder)] if folder else [])
     server = start_server(work, *server_args)
     try:
+        server.settle()
         url = f"{server.url}/v1/embeddings"
         bodies = [{"input": b} for b in client_batches]
         asyncio.run(http_closed_loop(url, bodies[:4], 2))  # warm-up: lazy graphs, connections

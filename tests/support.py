@@ -80,6 +80,17 @@ class Server:
     process: subprocess.Popen
     log: Path
 
+    def settle(self, timeout: float = 300) -> None:
+        """Waits until the engine has imported the attention backends it left for later, then
+        sends one long batch, which switches to them: measurements then see the steady state."""
+        deadline = time.monotonic() + timeout
+        while requests.get(f"{self.url}/info", timeout=30).json()["engine"].get("attention_importing"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the engine still imports its attention backends after {timeout} s")
+            time.sleep(0.1)
+        long_batch = {"input": [[1000 + i for i in range(100)]] * 4}
+        requests.post(f"{self.url}/v1/embeddings", json=long_batch, timeout=timeout).raise_for_status()
+
     def stop(self) -> None:
         self.process.terminate()
         try:

@@ -265,6 +265,7 @@ class Engine:
         out: dict[str, Any] = {
             "attention_backend": self.attention.name,
             "attention_deferred": self.attention.deferred if isinstance(self.attention, AutoBackend) else [],
+            "attention_importing": self._deferred is not None and not self._deferred.done(),
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,
             "startup_seconds": self.startup_seconds,
