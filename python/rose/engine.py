@@ -116,8 +116,13 @@ class Engine:
             self._warm(spec)
         marks.append(time.perf_counter())
         self._expected: tuple[list[list[int]], np.ndarray] | None = None
+        # With defer_attention and a small-batch kernel, start-up checks and serves the short
+        # batches (online queries) only; the first longer batch waits for the rest (see
+        # _prepare_long_batches). The long path's first run imports torch._dynamo (1.2 s on the
+        # H200) with torch's varlen kernel, FlashInfer or FA4 alike.
+        self._long_pending = defer_attention and isinstance(self.attention, AutoBackend) and bool(self.attention.small)
         if verify and (on_gpu or self.matmul_dtype != self.dtype):
-            self.fidelity = self.check_fidelity(weights=weights)
+            self.fidelity = self.check_fidelity(weights=weights, long=not self._long_pending)
         del weights
         marks.append(time.perf_counter())
         # Where start-up time goes, for /info: the first-answer target depends on it.
@@ -147,24 +152,20 @@ class Engine:
         if getattr(self, "graphs", None) is not None:
             self.graphs = CudaGraphs(self.graphs.mode, self.graphs.max_graphs, self.attention)
 
-    def _adopt_deferred_attention(self) -> None:
-        """Switches to the full "auto" backend once its libraries are in, if the fidelity check
-        passes on it (else keeps the path it has). Runs before a batch the deferred backends
-        would take, so online queries never wait for it."""
-        imported, self._deferred = self._deferred, None
-        if imported is not None and imported.exception() is not None:
-            log.warning("the deferred attention backends did not import: %s", imported.exception())
-            return
-        kept = self.attention, self.graphs
-        self.use_attention("auto")
-        if self._expected is None:
-            log.info("attention backend now %s", self.attention.name)
-            return
-        report = fidelity.check(self, self._expected, fall_back=False)
-        if report["worst_cosine"] < report["threshold"]:
-            self.attention, self.graphs = kept
-        assert self.fidelity is not None
-        self.fidelity["adopted_later"] = report
+    def _prepare_long_batches(self) -> None:
+        """Before the first batch the small-batch kernel does not take: waits for the attention
+        libraries imported in the background, switches to the full "auto" backend, and runs the
+        fidelity check's long batches (falling back as at start if they diverge)."""
+        self._long_pending = False
+        if self._deferred is not None:
+            try:
+                self._deferred.result()
+                self.use_attention("auto")
+            except Exception as why:  # noqa: BLE001 - the light backends still serve
+                log.warning("the deferred attention backends did not import: %s", why)
+            self._deferred = None
+        if self._expected is not None and self.fidelity is not None:
+            self.fidelity["long_batches"] = fidelity.check(self, self._expected)
 
     @property
     def dimensions(self) -> int:
@@ -194,8 +195,8 @@ class Engine:
 
     def _step_cuda(self, ids: np.ndarray, cu: np.ndarray) -> LazyTensor:
         tokens, sequences = len(ids), len(cu) - 1
-        if self._deferred is not None and self._deferred.done() and not self.attention.takes_small(tokens):
-            self._adopt_deferred_attention()
+        if self._long_pending and not (isinstance(self.attention, AutoBackend) and self.attention.takes_small(tokens)):
+            self._prepare_long_batches()
         longest = int(np.diff(cu).max()) if sequences else 0
         # Graphs share one memory pool: the previous result leaves it before the next replay.
         if self._last_copy is not None:
@@ -243,14 +244,14 @@ class Engine:
             self.step(ids, cu).wait()
 
     def check_fidelity(
-        self, threshold: float = 0.999, weights: dict[str, torch.Tensor] | None = None
+        self, threshold: float = 0.999, weights: dict[str, torch.Tensor] | None = None, long: bool = True
     ) -> dict[str, Any]:
         """Checks the serving path against a float32 eager reference; see rose.fidelity. `weights`:
-        the checkpoint's tensors if still at hand (else they are read again). The reference's
-        vectors are kept for checking a backend adopted later."""
+        the checkpoint's tensors if still at hand (else they are read again); `long`: check long
+        batches too, not only short ones. The reference's vectors are kept for a later check."""
         fixed = fidelity.sequences(int(self.model_dir.config["vocab_size"]), self.max_input_length)
         self._expected = fixed, fidelity.reference(self, fixed, weights)
-        return fidelity.check(self, self._expected, threshold)
+        return fidelity.check(self, self._expected, threshold, long=long)
 
     def reference_model(self, weights: dict[str, torch.Tensor] | None = None) -> Any:
         """The model again, in float32: the reference of the fidelity check. `weights`: the
@@ -266,6 +267,7 @@ class Engine:
             "attention_backend": self.attention.name,
             "attention_deferred": self.attention.deferred if isinstance(self.attention, AutoBackend) else [],
             "attention_importing": self._deferred is not None and not self._deferred.done(),
+            "long_batches_pending": bool(self._long_pending),
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,
             "startup_seconds": self.startup_seconds,

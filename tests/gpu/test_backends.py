@@ -55,27 +55,29 @@ def test_qwen3_06b_shape_matches_transformers(qwen3: tuple, backend: str) -> Non
     assert sims.min() >= THRESHOLD, f"{backend}: worst sequence of {len(sequences[sims.argmin()])} tokens: {sims.min()}"
 
 
-def test_deferred_backends_are_adopted_for_long_batches_after_a_fidelity_check(qwen3: tuple) -> None:
+def test_a_server_checks_and_serves_queries_first_and_long_batches_after_the_deferred_imports(qwen3: tuple) -> None:
     engine, sequences, expected = qwen3
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
     assert served.attention.name == "auto(torch,triton)" and served.stats()["attention_deferred"] == ["fa2", "fa3"]
+    assert served.fidelity["sequences"] == 5 and served.stats()["long_batches_pending"]  # 1+3+8+16+17 tokens
     served._deferred.result(timeout=300)
-    served.embed_ids([[5] * 16])  # an online query does not wait for the switch
+    served.embed_ids([[5] * 16])  # an online query does not wait for the long batches' check
     assert served.attention.name == "auto(torch,triton)"
     vectors = served.embed_ids(sequences, normalize=False)
-    assert served.attention.name == "auto(fa2,fa3,triton)"
-    assert served.fidelity["adopted_later"]["worst_cosine"] >= THRESHOLD
+    assert served.attention.name == "auto(fa2,fa3,triton)" and not served.stats()["long_batches_pending"]
+    long_batches = served.fidelity["long_batches"]
+    assert long_batches["worst_cosine"] >= THRESHOLD and long_batches["sequences"] == 14
     assert cosines(vectors, expected).min() >= THRESHOLD
 
 
-def test_deferred_backends_that_diverge_are_not_adopted(qwen3: tuple) -> None:
+def test_long_batches_that_diverge_fall_back_before_they_are_served(qwen3: tuple) -> None:
     engine, sequences, expected = qwen3
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
     fixed, reference = served._expected
     served._expected = fixed, -reference  # every path diverges from this
-    served._deferred.result(timeout=300)
     vectors = served.embed_ids(sequences, normalize=False)
-    assert served.attention.name == "auto(torch,triton)" and served.fidelity["adopted_later"]["fallbacks"]
+    fallbacks = [f["path"].split(",")[0] for f in served.fidelity["long_batches"]["fallbacks"]]
+    assert fallbacks == ["auto(fa2", "auto(fa2", "torch"] and served.attention.name == "torch" and served.graphs is None
     assert cosines(vectors, expected).min() >= THRESHOLD
 
 
