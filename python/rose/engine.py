@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rose import fidelity
+from rose import fidelity, kernels
 from rose.attention import AttentionBackend, AutoBackend, create_backend
 from rose.batch import RaggedBatch, as_int32
 from rose.graphs import CudaGraphs, bucket
@@ -90,6 +90,8 @@ class Engine:
         self.max_batch_tokens = max_batch_tokens or (16384 if on_gpu else 4096)
         self.max_batch_requests = max_batch_requests or 512
         marks = [time.perf_counter()]
+        if on_gpu:
+            _in_background(kernels.warm_triton)
         self._cls = model_class(self.model_dir.model_type)
         # Straight onto the device: the model and the fidelity check's float32 reference are both
         # built from these there, without a second trip over PCIe.
