@@ -114,15 +114,16 @@ class Engine:
             if cuda_graphs != "off":
                 self.graphs = CudaGraphs(cuda_graphs, max_cuda_graphs, self.attention)
         marks.append(time.perf_counter())
+        self._expected: tuple[list[list[int]], np.ndarray] | None = None
+        # With defer_attention, and a small-batch kernel or backends left for later, start-up
+        # checks and serves the short batches (online queries) only; the first longer batch waits
+        # for the rest (see _prepare_long_batches). The long path's first run imports
+        # torch._dynamo (1.2 s on the H200) with torch's varlen kernel, FlashInfer or FA4 alike.
+        auto = self.attention if isinstance(self.attention, AutoBackend) else None
+        self._long_pending = defer_attention and auto is not None and bool(auto.small or auto.deferred)
         for spec in warmup:
             self._warm(spec)
         marks.append(time.perf_counter())
-        self._expected: tuple[list[list[int]], np.ndarray] | None = None
-        # With defer_attention and a small-batch kernel, start-up checks and serves the short
-        # batches (online queries) only; the first longer batch waits for the rest (see
-        # _prepare_long_batches). The long path's first run imports torch._dynamo (1.2 s on the
-        # H200) with torch's varlen kernel, FlashInfer or FA4 alike.
-        self._long_pending = defer_attention and isinstance(self.attention, AutoBackend) and bool(self.attention.small)
         if verify and (on_gpu or self.matmul_dtype != self.dtype):
             self.fidelity = self.check_fidelity(weights=weights, long=not self._long_pending)
         del weights
@@ -142,8 +143,8 @@ class Engine:
             self.graphs.mode if self.graphs else "off",
             ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_seconds.items()),
         )
-        if isinstance(self.attention, AutoBackend) and self.attention.deferred:
-            self._deferred = _in_background(self.attention.import_deferred)
+        if self._long_pending and auto is not None and auto.deferred:
+            self._deferred = _in_background(auto.import_deferred)
             log.info("importing the attention backends %s in the background", ", ".join(self.attention.deferred))
 
     def use_attention(self, name: str, defer: bool = False) -> None:
@@ -159,9 +160,10 @@ class Engine:
         libraries imported in the background, switches to the full "auto" backend, and runs the
         fidelity check's long batches (falling back as at start if they diverge)."""
         self._long_pending = False
-        if self._deferred is not None:
+        if isinstance(self.attention, AutoBackend) and self.attention.deferred:
             try:
-                self._deferred.result()
+                # Not started yet when a --warmup bucket is long: then they are imported here.
+                self._deferred.result() if self._deferred is not None else self.attention.import_deferred()
                 self.use_attention("auto")
             except Exception as why:  # noqa: BLE001 - the light backends still serve
                 log.warning("the deferred attention backends did not import: %s", why)

@@ -70,6 +70,14 @@ def test_a_server_checks_and_serves_queries_first_and_long_batches_after_the_def
     assert cosines(vectors, expected).min() >= THRESHOLD
 
 
+def test_a_long_warmup_bucket_imports_and_checks_everything_at_start(qwen3: tuple) -> None:
+    engine, sequences, expected = qwen3
+    served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True, warmup=["512x8"])
+    assert served.attention.name == "auto(fa2,fa3,triton)" and served._deferred is None
+    assert served.fidelity["sequences"] == 14 and not served.stats()["long_batches_pending"]
+    assert cosines(served.embed_ids(sequences, normalize=False), expected).min() >= THRESHOLD
+
+
 def test_long_batches_that_diverge_fall_back_before_they_are_served(qwen3: tuple) -> None:
     engine, sequences, expected = qwen3
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
