@@ -1,8 +1,7 @@
 """Fused kernels of the decoder models: ROSE's Triton kernels on the GPU, FlashInfer's where
 Triton is missing, plain torch elsewhere (the CPU, float32, or a GPU without either). The same
-kernels run eagerly and inside CUDA graphs. The torch versions follow
-Hugging Face's arithmetic (float32 inside, the model's dtype outside) and are the reference the
-others are tested against."""
+kernels run eagerly and inside CUDA graphs. The torch versions follow Hugging Face's arithmetic
+(float32 inside, the model's dtype outside) and are the reference the others are tested against."""
 
 from __future__ import annotations
 

@@ -24,12 +24,18 @@ pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
     let info = live.as_ref().unwrap_or(gateway.info());
     let args = gateway.args();
     let engine: Value = serde_json::from_str(&info.engine_json).unwrap_or(Value::Null);
+    // The engine may switch backends after start (ROSE imports some in the background): its
+    // live report wins over what it said at start.
+    let attention_backend = engine
+        .get("attention_backend")
+        .and_then(Value::as_str)
+        .unwrap_or(&info.attention_backend);
     Json(json!({
         "model_id": info.model_id,
         "model_type": info.model_type,
         "model_dtype": info.dtype,
         "device": info.device,
-        "attention_backend": info.attention_backend,
+        "attention_backend": attention_backend,
         "pooling": info.pooling,
         "dimensions": info.dimensions,
         "max_input_length": info.max_input_length,
