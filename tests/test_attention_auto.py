@@ -62,7 +62,7 @@ def test_auto_sends_small_batches_to_the_triton_kernel(backends) -> None:
     auto = AutoBackend(SPEC, torch.device("cpu"))
     assert auto.choose(batch([16])).name == "triton" and auto.choose(batch([8] * 8)).name == "triton"
     assert auto.choose(batch([8] * 8 + [1])).name == "fa2"
-    assert AutoBackend(AttentionSpec(12, 12, 32, causal=False), torch.device("cpu")).small is None
+    assert AutoBackend(AttentionSpec(12, 12, 64, causal=False), torch.device("cpu")).small is None
 
 
 def test_auto_falls_back_when_a_table_backend_does_not_load(backends) -> None:

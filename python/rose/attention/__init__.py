@@ -41,8 +41,9 @@ GPU_ORDER = ["fa3", "fa4", "fa2", "torch"]
 # Backends whose libraries take a second or more to import (FlashInfer and FA4 load the CuTe DSL).
 HEAVY = {"fa2", "fa3", "fa4"}
 # Shapes whose small batches (online queries: SmallBatchBackend's max_tokens or fewer in all) take
-# ROSE's Triton kernel instead (benches/latency.py on the H200, benches/RESULTS.md).
-SMALL_BATCH_SHAPES = {(128, False), (128, True)}
+# ROSE's Triton kernel instead: Qwen3's (benches/latency.py on the H200) and MiniLM's (a 16-token
+# query 0.38-0.39 ms in the engine against 0.46-0.49 with torch's kernel; benches/RESULTS.md).
+SMALL_BATCH_SHAPES = {(128, False), (128, True), (32, False)}
 
 
 def reachable(table: list[tuple[float, str]], max_length: float) -> list[tuple[float, str]]:
