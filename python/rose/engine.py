@@ -145,7 +145,7 @@ class Engine:
         )
         if self._long_pending and auto is not None and auto.deferred:
             self._deferred = _in_background(auto.import_deferred)
-            log.info("importing the attention backends %s in the background", ", ".join(self.attention.deferred))
+            log.info("importing the attention backends %s in the background", ", ".join(auto.deferred))
 
     def use_attention(self, name: str, defer: bool = False) -> None:
         """Switches the attention backend: "auto", or a name of rose.attention.BACKENDS. With
@@ -162,8 +162,10 @@ class Engine:
         self._long_pending = False
         if isinstance(self.attention, AutoBackend) and self.attention.deferred:
             try:
-                # Not started yet when a --warmup bucket is long: then they are imported here.
-                self._deferred.result() if self._deferred is not None else self.attention.import_deferred()
+                if self._deferred is not None:
+                    self._deferred.result()
+                else:  # not started yet when a --warmup bucket is long: imported here
+                    self.attention.import_deferred()
                 self.use_attention("auto")
             except Exception as why:  # noqa: BLE001 - the light backends still serve
                 log.warning("the deferred attention backends did not import: %s", why)

@@ -72,17 +72,18 @@ class AutoBackend(AttentionBackend):
         super().__init__(spec, device)
         table = reachable(AUTO_TABLE.get((spec.head_dim, spec.causal), []), max_length)
         named = [name for _, name in table]
+        candidates = list(dict.fromkeys(named + GPU_ORDER))
         self.backends: dict[str, AttentionBackend] = {}
         self.deferred: list[str] = []
         reasons: list[str] = []
         if defer:
-            light = [name for name in named if name not in HEAVY]
-            self._load([name for name in dict.fromkeys(named + GPU_ORDER) if name not in HEAVY], light, reasons)
+            light = [name for name in candidates if name not in HEAVY]
+            self._load(light, [name for name in named if name not in HEAVY], reasons)
             # Deferring needs a backend to serve meanwhile, one that loads without a heavy import.
             if self.backends:
                 self.deferred = [name for name in named if name in HEAVY]
         if not self.backends:
-            self._load(list(dict.fromkeys(named + GPU_ORDER)), named, reasons)
+            self._load(candidates, named, reasons)
         if not self.backends:
             raise BackendUnavailable("no attention backend can run here: " + "; ".join(reasons))
         self.table = [(bound, name) for bound, name in table if name in self.backends]
