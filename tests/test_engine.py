@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +175,27 @@ def test_fidelity_check_passes_the_mixed_path_and_refuses_a_diverging_one() -> N
     assert engine.fidelity["worst_cosine"] >= 0.999 and not engine.fidelity["fallbacks"]
     strict = engine.check_fidelity(threshold=1.01)
     assert strict["fallbacks"] and strict["fallbacks"][0]["path"].startswith("sdpa, mixed")
+
+
+def test_the_fidelity_reference_is_kept_for_the_next_start_with_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROSE_CACHE_DIR", str(tmp_path / "cache"))
+    folder = save_tiny_bert(tmp_path / "bert", "mean")
+
+    def start() -> rose.Engine:
+        return rose.Engine(folder, device="cpu", dtype="mixed")
+
+    first, second = start(), start()
+    assert (first.fidelity["reference"], second.fidelity["reference"]) == ("computed", "stored")
+    np.testing.assert_array_equal(first._expected[1], second._expected[1])
+    assert second.fidelity["worst_cosine"] == first.fidelity["worst_cosine"] >= 0.999
+    # New weights in place: the stored vectors no longer hold.
+    weights = folder / "model.safetensors"
+    later = weights.stat().st_mtime_ns + 10**9
+    os.utime(weights, ns=(later, later))
+    assert start().fidelity["reference"] == "computed"
+    # A damaged file is computed again, not trusted.
+    for stored in (tmp_path / "cache" / "fidelity").glob("*.npy"):
+        stored.write_bytes(b"not an array")
+    assert start().fidelity["reference"] == "computed"

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rose import fidelity, kernels
+from rose import fidelity, prestart
 from rose.attention import AttentionBackend, AutoBackend, create_backend
 from rose.batch import RaggedBatch, as_int32
 from rose.graphs import CudaGraphs, bucket
@@ -91,7 +91,7 @@ class Engine:
         self.max_batch_requests = max_batch_requests or 512
         marks = [time.perf_counter()]
         if on_gpu:
-            _in_background(kernels.warm_triton)
+            _in_background(prestart.warm_triton)
         self._cls = model_class(self.model_dir.model_type)
         # Straight onto the device: the model and the fidelity check's float32 reference are both
         # built from these there, without a second trip over PCIe.
@@ -254,10 +254,12 @@ class Engine:
     ) -> dict[str, Any]:
         """Checks the serving path against a float32 eager reference; see rose.fidelity. `weights`:
         the checkpoint's tensors if still at hand (else they are read again); `long`: check long
-        batches too, not only short ones. The reference's vectors are kept for a later check."""
+        batches too, not only short ones. The reference's vectors are kept for a later check, and
+        on disk for later starts (fidelity.stored_reference)."""
         fixed = fidelity.sequences(int(self.model_dir.config["vocab_size"]), self.max_input_length)
-        self._expected = fixed, fidelity.reference(self, fixed, weights)
-        return fidelity.check(self, self._expected, threshold, long=long)
+        vectors, source = fidelity.stored_reference(self, fixed, weights)
+        self._expected = fixed, vectors
+        return {**fidelity.check(self, self._expected, threshold, long=long), "reference": source}
 
     def reference_model(self, weights: dict[str, torch.Tensor] | None = None) -> Any:
         """The model again, in float32: the reference of the fidelity check. `weights`: the

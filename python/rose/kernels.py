@@ -40,17 +40,6 @@ def triton_kernels() -> ModuleType | None:
     return module
 
 
-def warm_triton() -> None:
-    """Before its first kernel, Triton hashes its own installation (libtriton and its sources:
-    0.36 s on the H200) for its cache keys, once per process; hashing lets go of the GIL, so run
-    on another thread this overlaps the weights' loading. A Triton without that function skips it."""
-    try:
-        from triton.runtime.cache import triton_key
-    except ImportError:
-        return
-    triton_key()
-
-
 def _gpu_16bit(x: torch.Tensor) -> bool:
     # The float32 runs (the fidelity check's reference) take the torch path.
     return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from rose.attention.base import AttentionSpec, BackendUnavailable, OffsetsOnDeviceBackend
+from rose.cache import cache_dir
 
 
 class FlashAttention4Backend(OffsetsOnDeviceBackend):
@@ -52,5 +52,4 @@ def _keep_compiled_kernels() -> None:
     """FA4 compiles its kernels at first use (seconds each) and by default keeps them in memory
     only, so every start compiled them again; like FlashInfer and Triton, keep them on disk."""
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / "flash-attention-cute"
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(default))
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(cache_dir("flash-attention-cute")))
