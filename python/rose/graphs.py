@@ -67,6 +67,7 @@ class CudaGraphs:
         self.max_graphs = max_graphs
         self.base_attention = attention
         self.pool = torch.cuda.graph_pool_handle()
+        self._capture_stream = torch.cuda.Stream()
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.stats = GraphStats()
 
@@ -98,11 +99,20 @@ class CudaGraphs:
     def _capture(self, key: tuple[int, int], entry: _Graph, batch: RaggedBatch, forward: Forward) -> None:
         start = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
-        # thread_local: Tulip's waiter thread may wait on events while this thread captures.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            # Read inside: entering the capture empties the allocator's cache first.
-            reserved = torch.cuda.memory_reserved()
-            entry.output = forward(batch, entry.attention)
+        # Not torch.cuda.graph(): it first synchronizes and empties the device's and the pinned
+        # host memory's caches (40+ ms a capture on the H200, on the request that captures), which
+        # frees the LazyTensors' pinned buffers too; a graph in its own pool needs neither.
+        current = torch.cuda.current_stream()
+        self._capture_stream.wait_stream(current)
+        reserved = torch.cuda.memory_reserved()
+        with torch.cuda.stream(self._capture_stream):
+            # thread_local: Tulip's waiter thread may wait on events while this thread captures.
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                entry.output = forward(batch, entry.attention)
+            finally:
+                graph.capture_end()
+        current.wait_stream(self._capture_stream)
         entry.graph = graph
         self.stats.pool_bytes += max(torch.cuda.memory_reserved() - reserved, 0)
         self.stats.captured += 1
