@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from rose.prestart import device_index, start, take_staged
+from rose.prestart import device_index, release, start, take_staged
 from rose.staging import read_header
 from rose.weights import tensors_from_bytes
 
@@ -21,14 +21,19 @@ def test_device_values_name_their_cuda_ordinal() -> None:
     ]  # fmt: skip
 
 
-def test_the_cpu_gets_no_thread_and_a_missing_driver_stages_nothing(tmp_path: Path) -> None:
+def test_the_cpu_gets_no_thread_and_a_gpu_without_a_driver_stages_nothing(tmp_path: Path) -> None:
     assert start("cpu") is None
     save_file({"w": torch.ones(2)}, tmp_path / "model.safetensors")
     thread = start("auto", tmp_path)
     assert thread is not None
     thread.join(timeout=60)
     assert not thread.is_alive()
-    assert take_staged([tmp_path / "model.safetensors"], 0) == (None, {})
+    driver, staged = take_staged([tmp_path / "model.safetensors"], 0)
+    if torch.cuda.is_available():  # staged: tests/gpu/test_staged_weights.py checks what
+        assert driver is not None and list(staged) == [tmp_path / "model.safetensors"]
+        release(driver, list(staged.values()))
+    else:
+        assert (driver, staged) == (None, {})
 
 
 def test_importing_rose_and_prestart_leaves_torch_unimported() -> None:
