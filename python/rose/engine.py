@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +90,10 @@ class Engine:
         self.max_batch_tokens = max_batch_tokens or (16384 if on_gpu else 4096)
         self.max_batch_requests = max_batch_requests or 512
         marks = [time.perf_counter()]
-        if on_gpu:
-            _in_background(prestart.warm_triton)
+        # Triton hashes its installation before its first kernel: on a thread while the weights
+        # load (unless rose.prestart did it while torch imported), waited for before that kernel,
+        # which would otherwise hash it again beside the thread.
+        triton_key = _in_background(prestart.warm_triton) if on_gpu else None
         self._cls = model_class(self.model_dir.model_type)
         # Straight onto the device: the model and the fidelity check's float32 reference are both
         # built from these there, without a second trip over PCIe.
@@ -121,6 +123,8 @@ class Engine:
         # torch._dynamo (1.2 s on the H200) with torch's varlen kernel, FlashInfer or FA4 alike.
         auto = self.attention if isinstance(self.attention, AutoBackend) else None
         self._long_pending = defer_attention and auto is not None and bool(auto.small or auto.deferred)
+        if triton_key is not None:
+            wait([triton_key])
         for spec in warmup:
             self._warm(spec)
         marks.append(time.perf_counter())

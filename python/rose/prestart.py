@@ -35,9 +35,10 @@ def device_index(device: str) -> int | None:
 
 
 def start(device: str, model: str | Path | None = None) -> threading.Thread | None:
-    """Starts, on a daemon thread: `device`'s primary CUDA context, copying the weights of the
-    `model` folder (None: the default model) onto it, and Triton's key. Does nothing for the CPU,
-    and quietly nothing without a CUDA driver or device (torch reports those)."""
+    """Starts, on daemon threads: `device`'s primary CUDA context and copying the weights of the
+    `model` folder (None: the default model) onto it (the thread returned), and Triton's key.
+    Does nothing for the CPU, and quietly nothing without a CUDA driver or device (torch reports
+    those)."""
     global _staging
     index = device_index(device)
     if index is None:
@@ -95,12 +96,13 @@ def _prepare(index: int, model: str | Path | None, staged: Future[tuple[CudaDriv
         log.debug("prestart: no CUDA context (%s)", why)
         staged.set_result(None)
         return
+    # On a thread of its own once there is a GPU: the copies below need not wait for it.
+    threading.Thread(target=warm_triton, name="rose-prestart-triton", daemon=True).start()
     try:
         files = _weight_files(model)
         staged.set_result((driver, stage(driver, files)) if files else None)
     except BaseException as why:  # noqa: BLE001 - handed to take_staged
         staged.set_exception(why)
-    warm_triton()
 
 
 def _weight_files(model: str | Path | None) -> list[Path]:
