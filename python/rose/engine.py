@@ -133,7 +133,8 @@ class Engine:
         del weights
         marks.append(time.perf_counter())
         # Where start-up time goes, for /info: the first-answer target depends on it.
-        # "read_weights" includes creating the CUDA context; "attention", importing its libraries.
+        # "read_weights" includes creating the CUDA context (unless rose.prestart made it while
+        # torch imported); "attention", importing its libraries; "warmup", waiting for Triton's key.
         phases = ("read_weights", "build_model", "attention", "warmup", "fidelity_check")
         self.startup_seconds = {k: round(b - a, 3) for k, a, b in zip(phases, marks[:-1], marks[1:], strict=True)}
         log.info(

@@ -55,9 +55,9 @@ def take_staged(files: list[Path], index: int) -> tuple[CudaDriver | None, dict[
     the driver to free them by (`release`); nothing if it copied none of them. Staged buffers
     that are not asked for are freed here."""
     global _staging
-    if _staging is None or _staging[0] != index:
+    if _staging is None:
         return None, {}
-    future, _staging = _staging[1], None
+    (staged_on, future), _staging = _staging, None
     try:
         result = future.result()
     except Exception as why:  # noqa: BLE001 - the engine reads the files itself
@@ -66,7 +66,7 @@ def take_staged(files: list[Path], index: int) -> tuple[CudaDriver | None, dict[
     if result is None:
         return None, {}
     driver, staged = result
-    wanted = {s.path: s for s in staged if s.path in set(files)}
+    wanted = {s.path: s for s in staged if s.path in set(files)} if staged_on == index else {}
     release(driver, [s for s in staged if s.path not in wanted])
     return driver, wanted
 
