@@ -62,15 +62,20 @@ def stage(driver: CudaDriver, files: list[Path]) -> list[StagedFile]:
                     driver.record(events[slot], stream)
                     chunk += 1
     except BaseException:
+        _drain(driver, events)  # no copy may still write into the buffers when they go
         for done in staged:
             driver.free(done.pointer)
         raise
     finally:
-        for event in events:  # no copy may still read the host chunks when they go
-            driver.wait(event)
+        _drain(driver, events)  # nor read the host chunks
         driver.free_host(host)
         driver.destroy(stream, events)
     return staged
+
+
+def _drain(driver: CudaDriver, events: list[int]) -> None:
+    for event in events:
+        driver.wait(event)
 
 
 def _read_exactly(file: BinaryIO, into: memoryview) -> None:
