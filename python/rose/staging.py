@@ -42,7 +42,8 @@ def stage(driver: CudaDriver, files: list[Path]) -> list[StagedFile]:
     chunks, so that reading a chunk from the file overlaps copying the one before."""
     parsed = [(path, *read_header(path)) for path in files]
     sizes = [path.stat().st_size - start for path, start, _ in parsed]
-    # The engine copies the tensors out of these buffers before it frees them: twice the weights.
+    # The engine copies the tensors out of these buffers before it frees them, so the weights are
+    # on the GPU twice for a moment; leave as much again for the rest.
     if 3 * sum(sizes) > driver.free_memory():
         raise MemoryError(f"{sum(sizes)} bytes of weights leave too little room to stage them")
     host, stream, events = driver.alloc_host(2 * CHUNK_BYTES), driver.stream(), [driver.event(), driver.event()]
