@@ -27,7 +27,7 @@ class CudaDriver:
         self._call("cuDeviceGet", ctypes.byref(handle), index)
         # Retained for the process's life, as torch's runtime would: it is the same context.
         self._call("cuDevicePrimaryCtxRetain", ctypes.byref(self.context), handle)
-        self._call("cuCtxSetCurrent", self.context)
+        self.make_current()
 
     def make_current(self) -> None:
         """Makes the context current on the calling thread (the driver's calls need one)."""

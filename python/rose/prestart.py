@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from rose.cuda_driver import CudaDriver, CudaError
+from rose.model_dir import model_root, weight_files
 from rose.staging import StagedFile, stage
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ def take_staged(files: list[Path], index: int) -> tuple[CudaDriver | None, dict[
     if result is None:
         return None, {}
     driver, staged = result
-    wanted = {s.path: s for s in staged if s.path in set(files)} if staged_on == index else {}
+    asked = set(files) if staged_on == index else set()
+    wanted = {s.path: s for s in staged if s.path in asked}
     release(driver, [s for s in staged if s.path not in wanted])
     return driver, wanted
 
@@ -99,14 +101,7 @@ def _prepare(index: int, model: str | Path | None, staged: Future[tuple[CudaDriv
     # On a thread of its own once there is a GPU: the copies below need not wait for it.
     threading.Thread(target=warm_triton, name="rose-prestart-triton", daemon=True).start()
     try:
-        files = _weight_files(model)
+        files = weight_files(model_root(model))
         staged.set_result((driver, stage(driver, files)) if files else None)
     except BaseException as why:  # noqa: BLE001 - handed to take_staged
         staged.set_exception(why)
-
-
-def _weight_files(model: str | Path | None) -> list[Path]:
-    from rose.model_dir import default_model_path
-
-    root = Path(model).resolve() if model is not None else default_model_path()
-    return sorted(root.glob("*.safetensors"))

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from rose import prestart
+from rose.model_dir import weight_files
 from rose.staging import StagedFile
 
 # safetensors' dtype names (its format's header).
@@ -33,7 +34,7 @@ def load_weights(
 ) -> dict[str, torch.Tensor]:
     """All tensors of the folder's *.safetensors files on `device`, with any of `prefixes`
     stripped. Files that rose.prestart already copied onto that GPU are taken from there."""
-    files = sorted(root.glob("*.safetensors"))
+    files = weight_files(root)
     if not files:
         raise FileNotFoundError(f"{root} has no *.safetensors weights")
     device = torch.device(device)
