@@ -16,6 +16,9 @@ QWEN3_SHAPES = {
     # A few layers for the CPU, with GQA and the tokenizer's 30522 ids.
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                  intermediate_size=128, vocab_size=30522, max_position_embeddings=1024),
+    # Small enough for a test, with the head_dim (64) that the fused decoder takes.
+    "small": dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  intermediate_size=768, vocab_size=30522, max_position_embeddings=1024),
     # Qwen3-Embedding-0.6B.
     "0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                  intermediate_size=3072, vocab_size=151669, max_position_embeddings=32768),

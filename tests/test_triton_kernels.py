@@ -16,3 +16,11 @@ def test_triton_kernels_match_the_torch_reference() -> None:
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "triton kernels match" in result.stdout
+
+
+def test_fused_decoder_matches_the_layer_by_layer_path() -> None:
+    script = Path(__file__).with_name("fused_decoder_check.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "fused decoder matches" in result.stdout

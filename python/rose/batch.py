@@ -26,6 +26,8 @@ class RaggedBatch:
     cu_seqlens: torch.Tensor  # [sequences + 1] int32, on the device
     cu_seqlens_host: torch.Tensor  # the same on the host (page-locked on a GPU), for host-side planning
     max_seqlen: int  # no sequence is longer
+    # [1] int32 on the device: the tokens before the padding, when the batch is padded for a graph
+    token_count: torch.Tensor | None = None
 
     @classmethod
     def from_host(cls, input_ids: Any, cu_seqlens: Any, device: torch.device) -> RaggedBatch:

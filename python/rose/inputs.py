@@ -18,8 +18,9 @@ class DeviceInputs:
     page-locked staging buffer of the same layout in one copy (each copy costs the host ~20 us)."""
 
     def __init__(self, device: torch.device, max_tokens: int, max_sequences: int) -> None:
-        # Offsets first, then the ids from an aligned start: [cu_seqlens ... | ids ...].
-        self._ids_at = -(-(max_sequences + 1) // 64) * 64
+        # Offsets first, then the real token count, then the ids from an aligned start:
+        # [cu_seqlens ... | count | ids ...].
+        self._ids_at = -(-(max_sequences + 2) // 64) * 64
         self._max_sequences = max_sequences
         size = self._ids_at + max_tokens
         self._device = torch.zeros(size, dtype=torch.int32, device=device)
@@ -50,11 +51,13 @@ class DeviceInputs:
         cu = host[: sequences + 1]
         cu[: real_sequences + 1] = cu_seqlens
         cu[real_sequences + 1 :] = tokens
+        host[at - 1] = real_tokens
         host[at : at + real_tokens] = ids
         host[at + real_tokens : at + tokens] = 0
         self._device[: at + tokens].copy_(self.staging[: at + tokens], non_blocking=True)
         device = self._device
-        return RaggedBatch(device[at : at + tokens], device[: sequences + 1], self.staging[: sequences + 1], max_seqlen)
+        on_device, cu = device[at : at + tokens], device[: sequences + 1]
+        return RaggedBatch(on_device, cu, self.staging[: sequences + 1], max_seqlen, token_count=device[at - 1 : at])
 
     def wait_free(self) -> None:
         """Waits until the previous batch's uploads (and any plan copies enqueued with them) have

@@ -98,8 +98,15 @@ def _norm_rope(rows, weight_ptr, cos, sin, eps, mask, HALF: tl.constexpr):
     """RMSNorm of the head that starts at each of `rows` (pointers [R, 1]), then RoPE; returns its
     two rotated halves [R, HALF] in the input's dtype."""
     i = tl.arange(0, HALF)[None, :]
-    first = tl.load(rows + i, mask=mask, other=0.0)
-    a, b = first.to(tl.float32), tl.load(rows + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    first, second = tl.load(rows + i, mask=mask, other=0.0), tl.load(rows + HALF + i, mask=mask, other=0.0)
+    return norm_rope_halves(first, second, weight_ptr, cos, sin, eps, HALF)
+
+
+@triton.jit
+def norm_rope_halves(first, second, weight_ptr, cos, sin, eps, HALF: tl.constexpr):
+    """_norm_rope of a head already loaded as its two halves [R, HALF]."""
+    i = tl.arange(0, HALF)[None, :]
+    a, b = first.to(tl.float32), second.to(tl.float32)
     scale = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
     # Rounded where Hugging Face rounds: after the norm, after the weight, after the rotation.
     a = (tl.load(weight_ptr + i).to(tl.float32) * (a * scale).to(first.dtype).to(tl.float32)).to(first.dtype)
@@ -176,7 +183,7 @@ registers."""
 
 
 @triton.jit
-def _attend(scores, t, valid, seq_ptr, v, CAUSAL: tl.constexpr):
+def attend(scores, t, valid, seq_ptr, v, CAUSAL: tl.constexpr):
     """Softmax of one head's scores [T, T], token i seeing token j when both are of the same
     sequence (and j <= i when causal), times v [T, D]."""
     seq_row = tl.load(seq_ptr + t, mask=valid, other=-1)
@@ -205,7 +212,7 @@ def _attention_kernel(
     q = tl.load(q_ptr + (t[:, None] * H + head) * D + d, mask=valid[:, None], other=0.0)
     k = tl.load(k_ptr + (t[:, None] * HK + kv_head) * D + d, mask=valid[:, None], other=0.0)
     v = tl.load(v_ptr + t[:, None] * v_stride + kv_head * D + d, mask=valid[:, None], other=0.0)
-    out = _attend(tl.dot(q, tl.trans(k)) * scale, t, valid, seq_ptr, v, CAUSAL)
+    out = attend(tl.dot(q, tl.trans(k)) * scale, t, valid, seq_ptr, v, CAUSAL)
     tl.store(out_ptr + (t[:, None] * H + head) * D + d, out.to(v.dtype), mask=valid[:, None])
 
 
@@ -249,7 +256,7 @@ def _norm_rope_attention_kernel(
     v = tl.load(rows + (H + HK + kv_head) * 2 * HALF + d, mask=valid[:, None], other=0.0)
     # The rotated halves stay apart: q.k is the sum of the halves' dot products.
     scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
-    out = _attend(scores, t, valid, seq_ptr, v, CAUSAL)
+    out = attend(scores, t, valid, seq_ptr, v, CAUSAL)
     tl.store(out_ptr + (t[:, None] * H + head) * 2 * HALF + d, out.to(v.dtype), mask=valid[:, None])
 
 

@@ -5,6 +5,7 @@ pplx-embed (`use_bidirectional_attention`, mean pooling)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from rose import kernels
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.layers import Linear, Weights
+
+if TYPE_CHECKING:
+    from rose.fused_decoder import FusedDecoder
 
 
 @dataclass
@@ -82,10 +86,35 @@ class Qwen3:
                     down=linear([f"{p}.mlp.down_proj"]),
                 )
             )
+        self.fused = self._fused_decoder(config, dtype, matmul_dtype or dtype, device)
+
+    def _fused_decoder(
+        self, config: dict, dtype: torch.dtype, matmul_dtype: torch.dtype, device: torch.device
+    ) -> FusedDecoder | None:
+        """The layers as one launch for short batches, on a GPU in 16-bit, where Triton runs."""
+        if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or matmul_dtype != dtype:
+            return None
+        if kernels.triton_kernels() is None:
+            return None
+        from rose import fused_decoder  # imports Triton
+
+        if not fused_decoder.enabled():
+            return None
+        half = self.attention_spec.head_dim // 2
+        if half < 16 or half & (half - 1) or torch.cuda.get_device_capability(device) < (8, 0):
+            return None
+        try:
+            return fused_decoder.FusedDecoder(self.layers, config, device)
+        except ValueError:
+            return None
 
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states after the final norm."""
         spec = self.attention_spec
+        if self.fused is not None and batch.num_tokens <= self.fused.max_tokens:
+            x = self.embed_tokens[batch.input_ids].float()
+            self.fused(x, batch, self.rope)
+            return kernels.rmsnorm(x.to(self.norm.dtype), self.norm, self.eps)
         x = self.embed_tokens[batch.input_ids]
         residual = x.clone()
         h = kernels.rmsnorm(x, self.layers[0].input_norm, self.eps)

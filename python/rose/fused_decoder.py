@@ -1,0 +1,392 @@
+"""Qwen3's decoder layers in one persistent Triton launch, for online batches (at most 64 tokens).
+
+On a short query every layer is a chain of small dependent kernels, and each GEMM starts by
+waiting for its weights to come from memory: 28 layers of them took 1.1 ms of GPU time where
+reading the weights takes about 0.25. Here one program per SM runs every layer: the programs
+split each GEMM's output columns (or, for the two GEMMs that add into the residual, columns and
+the inner dimension) and meet at a grid-wide barrier between phases, so that the work between
+two weights' reads is a barrier (about 1.5 us on the H200) instead of a kernel launch in a graph.
+
+Phases of a layer: QKV (the input RMSNorm folded in: norm(x) @ W = rstd * ((x * g) @ W)),
+attention (one program per head: QK-norm, RoPE, softmax over the block-diagonal mask), O (added
+into the float32 residual with atomics), gate-up (the post-attention RMSNorm folded in, SiLU-and-
+mul in the epilogue), down (added into the residual). Activations are read with `.cg` loads
+(L2, not the SM's L1, which does not see the other programs' writes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from rose.batch import RaggedBatch
+from rose.triton_kernels import attend, norm_rope_halves
+
+MAX_TOKENS = 64
+"""The largest (padded) batch the kernel takes: attention keeps a head's scores in registers."""
+
+ROWS = 16
+"""The rows of a short query's tiles: the fewest tl.dot takes."""
+
+_MAX_TOKENS = tl.constexpr(MAX_TOKENS)
+_ROWS = tl.constexpr(ROWS)
+
+
+@triton.jit
+def _sync(barrier_ptr, target):
+    """Grid-wide barrier: waits until the programs' arrivals at barrier_ptr reach `target`."""
+    tl.debug_barrier()
+    tl.atomic_add(barrier_ptr, 1, sem="release", scope="gpu")
+    # Polled with atomics: plain volatile loads and an acquire after them took longer on the H200.
+    while tl.atomic_add(barrier_ptr, 0, sem="acquire", scope="gpu") < target:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def _rows_dot(
+    a_ptr, a_stride, n_tokens, w_ptr, w2_ptr, w_stride, cols, k_len, g_ptr,
+    NORM: tl.constexpr, TWO: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """The token rows of a (times g when NORM) against `cols` rows of w (and of w2 when TWO), over
+    k_len: returns the products [ROWS, TILE] in float32 and, when NORM, the sum of squares of a's rows."""
+    m = tl.arange(0, ROWS)
+    kk = tl.arange(0, BK)[None, :]
+    a_rows = a_ptr + m[:, None] * a_stride + kk
+    w_rows = tl.arange(0, TILE)[:, None] * w_stride + kk
+    row_ok = (m < n_tokens)[:, None]
+    col_ok = (tl.arange(0, TILE) < cols)[:, None]
+    acc = tl.zeros((ROWS, TILE), tl.float32)
+    acc2 = tl.zeros((ROWS, TILE), tl.float32)
+    squares = tl.zeros((ROWS,), tl.float32)
+    for k in range(0, k_len, BK):
+        a = tl.load(a_rows + k, mask=row_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        if NORM:
+            squares += tl.sum(a * a, axis=1)
+            a = a * tl.load(g_ptr + k + kk).to(tl.float32)
+        w = tl.load(w_ptr + w_rows + k, mask=col_ok, other=0.0)
+        a = a.to(w.dtype)
+        acc = tl.dot(a, tl.trans(w), acc)
+        if TWO:
+            acc2 = tl.dot(a, tl.trans(tl.load(w2_ptr + w_rows + k, mask=col_ok, other=0.0)), acc2)
+    return acc, acc2, squares
+
+
+@triton.jit
+def _store_rows(ptr, stride, n_tokens, n0, cols, values, ROWS: tl.constexpr, TILE: tl.constexpr):
+    m = tl.arange(0, ROWS)[:, None]
+    n = tl.arange(0, TILE)[None, :]
+    tl.store(ptr + m * stride + n0 + n, values.to(ptr.dtype.element_ty), mask=(m < n_tokens) & (n < cols))
+
+
+@triton.jit
+def _qkv_phase(x_ptr, qkv_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr, ROWS: tl.constexpr,
+               HIDDEN: tl.constexpr, N: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
+               BK: tl.constexpr):  # fmt: skip
+    task = pid
+    while task < tl.cdiv(N, COLS):
+        n0 = task * COLS
+        cols = tl.minimum(COLS, N - n0)
+        acc, _, squares = _rows_dot(
+            x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr, HIDDEN, cols, HIDDEN, g_ptr,
+            True, False, ROWS, TILE, BK,
+        )  # fmt: skip
+        _store_rows(qkv_ptr, N, n_tokens, n0, cols, acc * tl.rsqrt(squares / HIDDEN + eps)[:, None], ROWS, TILE)
+        task += GRID
+
+
+@triton.jit
+def _gate_up_phase(x_ptr, act_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr, ROWS: tl.constexpr,
+                   HIDDEN: tl.constexpr, INTER: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
+                   BK: tl.constexpr):  # fmt: skip
+    task = pid
+    while task < tl.cdiv(INTER, COLS):
+        n0 = task * COLS
+        cols = tl.minimum(COLS, INTER - n0)
+        gate, up, squares = _rows_dot(
+            x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr + (INTER + n0) * HIDDEN, HIDDEN, cols, HIDDEN, g_ptr,
+            True, True, ROWS, TILE, BK,
+        )  # fmt: skip
+        rstd = tl.rsqrt(squares / HIDDEN + eps)[:, None]
+        gate, up = gate * rstd, up * rstd
+        _store_rows(act_ptr, INTER, n_tokens, n0, cols, gate / (1.0 + tl.exp(-gate)) * up, ROWS, TILE)
+        task += GRID
+
+
+@triton.jit
+def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr, ROWS: tl.constexpr,
+                    HIDDEN: tl.constexpr, K: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
+                    SPLIT: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """x += a @ w^T, the output columns and the inner dimension shared out among the programs."""
+    k_len: tl.constexpr = K // SPLIT
+    task = pid
+    while task < tl.cdiv(HIDDEN, COLS) * SPLIT:
+        n0 = (task // SPLIT) * COLS
+        k0 = (task % SPLIT) * k_len
+        cols = tl.minimum(COLS, HIDDEN - n0)
+        acc, _, _ = _rows_dot(
+            a_ptr + k0, K, n_tokens, w_ptr + n0 * K + k0, w_ptr, K, cols, k_len, w_ptr, False, False, ROWS, TILE, BK
+        )
+        m = tl.arange(0, ROWS)[:, None]
+        n = tl.arange(0, TILE)[None, :]
+        tl.atomic_add(x_ptr + m * HIDDEN + n0 + n, acc, mask=(m < n_tokens) & (n < cols), sem="relaxed")
+        task += GRID
+
+
+@triton.jit
+def _attention_head(qkv_ptr, attn_ptr, head, q_norm_ptr, k_norm_ptr, positions_ptr, seq_ptr, rope_ptr, n_tokens,
+                    eps, scale, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr,
+                    BLOCK_T: tl.constexpr):  # fmt: skip
+    """One head over every token of the batch (rose.triton_kernels' norm_rope_attention)."""
+    row: tl.constexpr = (HQ + 2 * HK) * 2 * HALF
+    kv_head = head // (HQ // HK)
+    t = tl.arange(0, BLOCK_T)
+    i = tl.arange(0, HALF)[None, :]
+    valid = t < n_tokens
+    mask = valid[:, None] & (i < HALF)
+    position = tl.load(positions_ptr + t, mask=valid, other=0).to(tl.int64)[:, None]
+    cos = tl.load(rope_ptr + position * 2 * HALF + i)
+    sin = tl.load(rope_ptr + position * 2 * HALF + HALF + i)
+    rows = qkv_ptr + t[:, None] * row
+    q = rows + head * 2 * HALF + i
+    k = rows + (HQ + kv_head) * 2 * HALF + i
+    q1, q2 = norm_rope_halves(
+        tl.load(q, mask=mask, other=0.0, cache_modifier=".cg"),
+        tl.load(q + HALF, mask=mask, other=0.0, cache_modifier=".cg"),
+        q_norm_ptr, cos, sin, eps, HALF,
+    )  # fmt: skip
+    k1, k2 = norm_rope_halves(
+        tl.load(k, mask=mask, other=0.0, cache_modifier=".cg"),
+        tl.load(k + HALF, mask=mask, other=0.0, cache_modifier=".cg"),
+        k_norm_ptr, cos, sin, eps, HALF,
+    )  # fmt: skip
+    d = tl.arange(0, 2 * HALF)[None, :]
+    v = tl.load(rows + (HQ + HK + kv_head) * 2 * HALF + d, mask=valid[:, None], other=0.0, cache_modifier=".cg")
+    scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
+    out = attend(scores, t, valid, seq_ptr, v, CAUSAL)
+    tl.store(attn_ptr + t[:, None] * (HQ * 2 * HALF) + head * 2 * HALF + d, out.to(v.dtype), mask=valid[:, None])
+
+
+@triton.jit
+def _layers(
+    x_ptr, qkv_ptr, attn_ptr, act_ptr, n_tokens, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
+    in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
+    eps, scale, pid, NUM_LAYERS: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
+    CAUSAL: tl.constexpr, QKV_COLS: tl.constexpr, QKV_TILE: tl.constexpr, GU_COLS: tl.constexpr,
+    GU_TILE: tl.constexpr, O_COLS: tl.constexpr, O_TILE: tl.constexpr, O_SPLIT: tl.constexpr,
+    DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr, DOWN_SPLIT: tl.constexpr, BK_QKV: tl.constexpr,
+    BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_DOWN: tl.constexpr, GRID: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """Every layer on the first ROWS rows of x; see _decoder_kernel."""
+    QD: tl.constexpr = HQ * 2 * HALF
+    NQKV: tl.constexpr = QD + 2 * HK * 2 * HALF
+    arrivals = 0
+    for layer in range(NUM_LAYERS):
+        _qkv_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, ROWS, HIDDEN, NQKV, QKV_COLS,
+                   QKV_TILE, BK_QKV)  # fmt: skip
+        arrivals += GRID
+        _sync(barrier_ptr, arrivals)
+        head = pid
+        while head < HQ:
+            _attention_head(qkv_ptr, attn_ptr, head, q_norm_ptr, k_norm_ptr, positions_ptr, seq_ptr, rope_ptr,
+                            n_tokens, eps, scale, HQ, HK, HALF, CAUSAL, ROWS)  # fmt: skip
+            head += GRID
+        arrivals += GRID
+        _sync(barrier_ptr, arrivals)
+        _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, ROWS, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT,
+                        BK_O)  # fmt: skip
+        arrivals += GRID
+        _sync(barrier_ptr, arrivals)
+        _gate_up_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, ROWS, HIDDEN, INTER,
+                       GU_COLS, GU_TILE, BK_GU)  # fmt: skip
+        arrivals += GRID
+        _sync(barrier_ptr, arrivals)
+        _residual_phase(act_ptr, x_ptr, down_w_ptr, n_tokens, pid, GRID, ROWS, HIDDEN, INTER, DOWN_COLS, DOWN_TILE,
+                        DOWN_SPLIT, BK_DOWN)  # fmt: skip
+        if layer + 1 < NUM_LAYERS:
+            arrivals += GRID
+            _sync(barrier_ptr, arrivals)
+        in_norm_ptr += HIDDEN
+        post_norm_ptr += HIDDEN
+        q_norm_ptr += 2 * HALF
+        k_norm_ptr += 2 * HALF
+        qkv_w_ptr += NQKV * HIDDEN
+        o_w_ptr += HIDDEN * QD
+        gate_up_w_ptr += 2 * INTER * HIDDEN
+        down_w_ptr += HIDDEN * INTER
+
+
+@triton.jit
+def _decoder_kernel(
+    x_ptr, qkv_ptr, attn_ptr, act_ptr, count_ptr, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
+    in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
+    eps, scale, NUM_LAYERS: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
+    CAUSAL: tl.constexpr, QKV_COLS: tl.constexpr, QKV_TILE: tl.constexpr, GU_COLS: tl.constexpr,
+    GU_TILE: tl.constexpr, O_COLS: tl.constexpr, O_TILE: tl.constexpr, O_SPLIT: tl.constexpr,
+    DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr, DOWN_SPLIT: tl.constexpr, BK_QKV: tl.constexpr,
+    BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_DOWN: tl.constexpr, GRID: tl.constexpr,
+):  # fmt: skip
+    """Every layer on x [tokens, HIDDEN] float32, in place; the weights are stacked by layer. One
+    query's 16 rows or fewer take tiles of 16 rows, other batches tiles of 64: either way each
+    weight is read once."""
+    pid = tl.program_id(0)
+    n_tokens = tl.load(count_ptr)
+    if n_tokens <= _ROWS:
+        _layers(x_ptr, qkv_ptr, attn_ptr, act_ptr, n_tokens, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
+                in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
+                eps, scale, pid, NUM_LAYERS, HIDDEN, INTER, HQ, HK, HALF, CAUSAL, QKV_COLS, QKV_TILE, GU_COLS,
+                GU_TILE, O_COLS, O_TILE, O_SPLIT, DOWN_COLS, DOWN_TILE, DOWN_SPLIT, BK_QKV, BK_O, BK_GU, BK_DOWN,
+                GRID, _ROWS)  # fmt: skip
+    else:
+        _layers(x_ptr, qkv_ptr, attn_ptr, act_ptr, n_tokens, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
+                in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
+                eps, scale, pid, NUM_LAYERS, HIDDEN, INTER, HQ, HK, HALF, CAUSAL, QKV_COLS, QKV_TILE, GU_COLS,
+                GU_TILE, O_COLS, O_TILE, O_SPLIT, DOWN_COLS, DOWN_TILE, DOWN_SPLIT, BK_QKV, BK_O, BK_GU, BK_DOWN,
+                GRID, _MAX_TOKENS)  # fmt: skip
+    # The last program out sets the barrier back for the next launch (every other one has left it).
+    if tl.atomic_add(barrier_ptr + 1, 1, sem="acq_rel", scope="gpu") == GRID - 1:
+        tl.atomic_xchg(barrier_ptr, 0)
+        tl.atomic_xchg(barrier_ptr + 1, 0)
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the programs share a GEMM with n output columns: `cols` columns a task (in a tile of
+    `tile`), the inner dimension cut in `split` parts."""
+
+    cols: int
+    tile: int
+    split: int = 1
+
+    def tasks(self, n: int) -> int:
+        return -(-n // self.cols) * self.split
+
+
+def _block_for(k_len: int, most: int) -> int:
+    """The inner dimension's block: the largest power of two up to `most` that divides k_len."""
+    return math.gcd(k_len, 1 << (most.bit_length() - 1))
+
+
+def split_columns(n: int, k: int, programs: int, block_k: int, may_split_k: bool) -> Split | None:
+    """About `programs` tasks for a GEMM [n, k]: columns first, then (at 16 columns, the smallest
+    tile) the inner dimension when the GEMM's output is a sum that may arrive in parts. None when
+    k does not divide into blocks of block_k."""
+    cols = -(-n // programs)
+    split = 1
+    if cols < ROWS:
+        cols = ROWS
+        if may_split_k:
+            split = max(1, programs // -(-n // cols))
+            while split > 1 and k % (split * block_k):
+                split -= 1
+    if k % (split * block_k):
+        return None
+    return Split(cols, triton.next_power_of_2(cols), split)
+
+
+class FusedDecoder:
+    """Qwen3's layers (rose.models.qwen3) as one launch of _decoder_kernel. Takes the layers'
+    weights over: they are stacked by layer, and each layer's tensors become views into the stacks,
+    so the eager path and the kernel share one copy."""
+
+    max_tokens = MAX_TOKENS
+
+    def __init__(self, layers: list, config: dict, device: torch.device, programs: int | None = None,
+                 block_k: int = 256, max_block_k: int = 256, num_warps: int = 8) -> None:  # fmt: skip
+        first = layers[0]
+        self.hidden = first.input_norm.shape[0]
+        self.head_dim = first.q_norm.shape[0]
+        self.heads = config["num_attention_heads"]
+        self.kv_heads = config.get("num_key_value_heads", self.heads)
+        self.inter = first.down.weight.shape[1]
+        self.eps = config.get("rms_norm_eps", 1e-6)
+        self.causal = not config.get("use_bidirectional_attention", False)
+        self.scale = self.head_dim**-0.5
+        self.num_layers = len(layers)
+        self.num_warps = num_warps
+        if programs is None:
+            programs = torch.cuda.get_device_properties(device).multi_processor_count
+        n_qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        self.qkv = split_columns(n_qkv, self.hidden, programs, block_k, False)
+        self.gate_up = split_columns(self.inter, self.hidden, programs, block_k, False)
+        self.o = split_columns(self.hidden, self.heads * self.head_dim, programs, block_k, True)
+        self.down = split_columns(self.hidden, self.inter, programs, block_k, True)
+        splits = (self.qkv, self.gate_up, self.o, self.down)
+        if any(s is None for s in splits):
+            raise ValueError("the model's dimensions do not divide into the kernel's blocks")
+        tasks = [self.qkv.tasks(n_qkv), self.gate_up.tasks(self.inter), self.o.tasks(self.hidden),
+                 self.down.tasks(self.hidden), self.heads]  # fmt: skip
+        self.programs = min(programs, max(tasks))
+        # Each phase's whole slice in as few blocks as fit: a block's loads are issued together.
+        self.block_k = {
+            "qkv": _block_for(self.hidden, max_block_k),
+            "o": _block_for(self.heads * self.head_dim // self.o.split, max_block_k),
+            "gate_up": _block_for(self.hidden, max_block_k),
+            "down": _block_for(self.inter // self.down.split, max_block_k),
+        }
+        self.stacks = {name: _stack_into(layers, name) for name in _LAYER_TENSORS}
+        self.barrier = torch.zeros(2, dtype=torch.int32, device=device)
+
+    def __call__(self, x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor) -> None:
+        """Runs every layer on the embeddings x [tokens, hidden] float32, in place."""
+        tokens = x.shape[0]
+        assert tokens <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
+        dtype, device = self.stacks["qkv"].dtype, x.device
+        count = batch.token_count
+        if count is None:
+            count = torch.full((1,), tokens, dtype=torch.int32, device=device)
+        qkv = torch.empty(tokens, (self.heads + 2 * self.kv_heads) * self.head_dim, dtype=dtype, device=device)
+        attn = torch.empty(tokens, self.heads * self.head_dim, dtype=dtype, device=device)
+        act = torch.empty(tokens, self.inter, dtype=dtype, device=device)
+        s = self.stacks
+        _decoder_kernel[(self.programs,)](
+            x, qkv, attn, act, count, batch.positions, batch.seq_ids, rope, self.barrier,
+            s["input_norm"], s["qkv"], s["q_norm"], s["k_norm"], s["o"], s["post_norm"], s["gate_up"], s["down"],
+            self.eps, self.scale, NUM_LAYERS=self.num_layers,
+            HIDDEN=self.hidden, INTER=self.inter, HQ=self.heads, HK=self.kv_heads, HALF=self.head_dim // 2,
+            CAUSAL=self.causal, QKV_COLS=self.qkv.cols, QKV_TILE=self.qkv.tile, GU_COLS=self.gate_up.cols,
+            GU_TILE=self.gate_up.tile, O_COLS=self.o.cols, O_TILE=self.o.tile, O_SPLIT=self.o.split,
+            DOWN_COLS=self.down.cols, DOWN_TILE=self.down.tile, DOWN_SPLIT=self.down.split,
+            BK_QKV=self.block_k["qkv"], BK_O=self.block_k["o"], BK_GU=self.block_k["gate_up"],
+            BK_DOWN=self.block_k["down"], GRID=self.programs, num_warps=self.num_warps,
+        )  # fmt: skip
+
+
+# Each layer tensor the kernel reads: the attribute of rose.models.qwen3._Layer, then of its Linear.
+_LAYER_TENSORS = {
+    "input_norm": ("input_norm",),
+    "qkv": ("qkv", "weight"),
+    "q_norm": ("q_norm",),
+    "k_norm": ("k_norm",),
+    "o": ("o", "weight"),
+    "post_norm": ("post_norm",),
+    "gate_up": ("gate_up", "weight"),
+    "down": ("down", "weight"),
+}
+
+
+def _stack_into(layers: list, name: str) -> torch.Tensor:
+    """One tensor [layers, ...] of the layers' `name` tensors; each layer's becomes a view of it."""
+    path = _LAYER_TENSORS[name]
+
+    def owner(layer: object) -> object:  # the object that holds the tensor
+        for attr in path[:-1]:
+            layer = getattr(layer, attr)
+        return layer
+
+    stack = torch.stack([getattr(owner(layer), path[-1]) for layer in layers])
+    for layer, view in zip(layers, stack, strict=True):
+        setattr(owner(layer), path[-1], view)
+    return stack
+
+
+def enabled() -> bool:
+    """ROSE_FUSED_DECODER=0 turns the fused decoder off (for comparisons)."""
+    return os.environ.get("ROSE_FUSED_DECODER", "1") != "0"
