@@ -49,7 +49,7 @@ for causal in (True, False):
     decoder = FusedDecoder(model.layers, cfg, cpu, programs=8, block_k=32)
     assert decoder.o.split > 1 and decoder.down.split > 1 and decoder.gate_up.tile > decoder.gate_up.cols
     decoder.programs = 1
-    for lengths in ([1], [5, 11], [16, 3, 20, 7]):
+    for lengths in ([1], [5, 11], [3, 2, 7]):
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         tokens = int(cu[-1])
         ids = np.random.default_rng(tokens).integers(0, config["vocab_size"], tokens).astype(np.int32)
@@ -57,7 +57,7 @@ for causal in (True, False):
         attention = create_backend("sdpa", dataclasses.replace(reference.attention_spec, dtype=torch.float32), cpu)
         attention.plan(batch)
         expected = reference.forward(batch, attention)
-        for padding in (0, 9):  # a graph's bucket: padding tokens after the real ones, counted apart
+        for padding in (0, 16 - tokens):  # a graph's bucket: padding tokens after the real ones, counted apart
             padded = RaggedBatch.from_host(np.concatenate([ids, np.zeros(padding, np.int32)]),
                                            np.append(cu, tokens + padding).astype(np.int32), cpu)  # fmt: skip
             padded.token_count = torch.tensor([tokens], dtype=torch.int32)
@@ -67,5 +67,5 @@ for causal in (True, False):
             cosine = F.cosine_similarity(got[:tokens], expected, dim=1)
             assert cosine.min() > 0.9999, (causal, lengths, padding, cosine.min())
             assert torch.isfinite(got).all()
-        assert decoder.barrier.tolist() == [0, 0], decoder.barrier
+        assert not decoder.barrier.any(), decoder.barrier
 print("fused decoder matches")

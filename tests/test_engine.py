@@ -168,6 +168,7 @@ def test_token_buckets_are_multiples_of_64_then_256(tokens: int, expected: int) 
 def test_sequence_slots_keep_one_for_the_padding() -> None:
     assert [sequence_slots(n) for n in (1, 2, 3, 4, 5, 9, 512)] == [1, 2, 4, 4, 8, 16, 512]
     assert bucket(16, 1) == (64, 2) and bucket(64, 7) == (64, 8) and bucket(300, 8) == (320, 16)
+    assert bucket(16, 1, smallest=16) == (16, 2) and bucket(17, 1, smallest=16) == (64, 2)
 
 
 def test_fidelity_check_passes_the_mixed_path_and_refuses_a_diverging_one() -> None:

@@ -100,6 +100,9 @@ class Engine:
         weights = load_weights(self.model_dir.path, self._cls.weight_prefixes, self.device)
         marks.append(time.perf_counter())
         self.model = self._cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
+        # Batches this short take the model's one-launch path (rose.fused_decoder) under graphs of their own.
+        fused = getattr(self.model, "fused", None)
+        self.smallest_bucket: int | None = fused.max_tokens if fused is not None else None
         marks.append(time.perf_counter())
         self.use_attention(attention_backend, defer=defer_attention)
         self._tokenizer: Any = None
@@ -216,7 +219,7 @@ class Engine:
         # the host's wait: if the host is late, the GPU's wait shows as idle, not as busy.
         self._inputs.wait_free()
         self._timeline.begin(self._stream)
-        key = bucket(tokens, sequences)
+        key = bucket(tokens, sequences, self.smallest_bucket)
         bound = min(key[0], max(self.max_input_length, 256))
         fits = key[0] <= self._inputs.max_tokens and key[1] <= self._inputs.max_sequences
         if self.graphs is not None and fits and longest <= bound:

@@ -114,13 +114,17 @@ def check(
 ) -> dict[str, Any]:
     """Runs the engine's path on the fixed sequences of `expected` and compares with the
     reference's vectors there: the short ones alone (a batch of online queries, which the triton
-    attention backend takes up to 64 tokens), the longest of them on its own (a single query: so
-    its graph is captured before the first query comes) and, with `long`, all of them at once. On
+    attention backend takes up to 64 tokens), the longest of them on its own and the longest that
+    the engine's single-query bucket takes (single queries: so that their graphs are captured, and
+    the model's path for them checked, before the first query comes) and, with `long`, all of
+    them at once. On
     divergence turns graphs off, then falls back to the torch attention backend, and says so in
     the log and in the report it returns."""
     fixed, vectors = expected
     short = next((i for i in range(len(fixed)) if sum(map(len, fixed[: i + 1])) > 64), len(fixed))
-    batches = [(fixed[:short], vectors[:short]), (fixed[short - 1 : short], vectors[short - 1 : short])]
+    fits_smallest = [i for i in range(short) if len(fixed[i]) <= (engine.smallest_bucket or 0)]
+    alone = sorted({short - 1, *fits_smallest[-1:]})
+    batches = [(fixed[:short], vectors[:short])] + [(fixed[i : i + 1], vectors[i : i + 1]) for i in alone]
     batches += [(fixed, vectors)] if long else []
     fallbacks = []
     while True:

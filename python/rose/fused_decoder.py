@@ -1,4 +1,4 @@
-"""Qwen3's decoder layers in one persistent Triton launch, for online batches (at most 64 tokens).
+"""Qwen3's decoder layers in one persistent Triton launch, for single queries (at most 16 tokens).
 
 On a short query every layer is a chain of small dependent kernels, and each GEMM starts by
 waiting for its weights to come from memory: 28 layers of them took 1.1 ms of GPU time where
@@ -27,14 +27,12 @@ import triton.language as tl
 from rose.batch import RaggedBatch
 from rose.triton_kernels import attend, norm_rope_halves
 
-MAX_TOKENS = 64
-"""The largest (padded) batch the kernel takes: attention keeps a head's scores in registers."""
+MAX_TOKENS = 16
+"""The largest (padded) batch the kernel takes: one tile of rows, the fewest tl.dot takes. Its
+GEMMs are bound by the latency of their weights' loads, not by the rows; with 64-row tiles a
+64-token batch took 2.4 ms, twice the layer-by-layer path, so longer batches take that."""
 
-ROWS = 16
-"""The rows of a short query's tiles: the fewest tl.dot takes."""
-
-_MAX_TOKENS = tl.constexpr(MAX_TOKENS)
-_ROWS = tl.constexpr(ROWS)
+_ROWS = tl.constexpr(MAX_TOKENS)
 
 
 @triton.jit
@@ -42,7 +40,8 @@ def _sync(barrier_ptr, target):
     """Grid-wide barrier: waits until the programs' arrivals at barrier_ptr reach `target`."""
     tl.debug_barrier()
     tl.atomic_add(barrier_ptr, 1, sem="release", scope="gpu")
-    # Polled with atomics: plain volatile loads and an acquire after them took longer on the H200.
+    # Polled with atomics. Slower on the H200: plain volatile loads of the counter, and a flag on a
+    # line of its own set by the last arrival (polled with volatile or ld.acquire loads).
     while tl.atomic_add(barrier_ptr, 0, sem="acquire", scope="gpu") < target:
         pass
     tl.debug_barrier()
@@ -51,20 +50,20 @@ def _sync(barrier_ptr, target):
 @triton.jit
 def _rows_dot(
     a_ptr, a_stride, n_tokens, w_ptr, w2_ptr, w_stride, cols, k_len, g_ptr,
-    NORM: tl.constexpr, TWO: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, BK: tl.constexpr,
+    NORM: tl.constexpr, TWO: tl.constexpr, TILE: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     """The token rows of a (times g when NORM) against `cols` rows of w (and of w2 when TWO), over
-    k_len: returns the products [ROWS, TILE] in float32 and, when NORM, the sum of squares of a's rows."""
-    m = tl.arange(0, ROWS)
+    k_len: returns the products [16, TILE] in float32 and, when NORM, the sum of squares of a's rows."""
+    m = tl.arange(0, _ROWS)
     kk = tl.arange(0, BK)[None, :]
     a_rows = a_ptr + m[:, None] * a_stride + kk
     w_rows = tl.arange(0, TILE)[:, None] * w_stride + kk
     row_ok = (m < n_tokens)[:, None]
     col_ok = (tl.arange(0, TILE) < cols)[:, None]
-    acc = tl.zeros((ROWS, TILE), tl.float32)
-    acc2 = tl.zeros((ROWS, TILE), tl.float32)
-    squares = tl.zeros((ROWS,), tl.float32)
-    for k in range(0, k_len, BK):
+    acc = tl.zeros((_ROWS, TILE), tl.float32)
+    acc2 = tl.zeros((_ROWS, TILE), tl.float32)
+    squares = tl.zeros((_ROWS,), tl.float32)
+    for k in tl.range(0, k_len, BK, num_stages=3):  # 1 stage: 1.30 ms a query, 3: 0.88
         a = tl.load(a_rows + k, mask=row_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
         if NORM:
             squares += tl.sum(a * a, axis=1)
@@ -78,14 +77,14 @@ def _rows_dot(
 
 
 @triton.jit
-def _store_rows(ptr, stride, n_tokens, n0, cols, values, ROWS: tl.constexpr, TILE: tl.constexpr):
-    m = tl.arange(0, ROWS)[:, None]
+def _store_rows(ptr, stride, n_tokens, n0, cols, values, TILE: tl.constexpr):
+    m = tl.arange(0, _ROWS)[:, None]
     n = tl.arange(0, TILE)[None, :]
     tl.store(ptr + m * stride + n0 + n, values.to(ptr.dtype.element_ty), mask=(m < n_tokens) & (n < cols))
 
 
 @triton.jit
-def _qkv_phase(x_ptr, qkv_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr, ROWS: tl.constexpr,
+def _qkv_phase(x_ptr, qkv_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr,
                HIDDEN: tl.constexpr, N: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
                BK: tl.constexpr):  # fmt: skip
     task = pid
@@ -94,14 +93,14 @@ def _qkv_phase(x_ptr, qkv_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.conste
         cols = tl.minimum(COLS, N - n0)
         acc, _, squares = _rows_dot(
             x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr, HIDDEN, cols, HIDDEN, g_ptr,
-            True, False, ROWS, TILE, BK,
+            True, False, TILE, BK,
         )  # fmt: skip
-        _store_rows(qkv_ptr, N, n_tokens, n0, cols, acc * tl.rsqrt(squares / HIDDEN + eps)[:, None], ROWS, TILE)
+        _store_rows(qkv_ptr, N, n_tokens, n0, cols, acc * tl.rsqrt(squares / HIDDEN + eps)[:, None], TILE)
         task += GRID
 
 
 @triton.jit
-def _gate_up_phase(x_ptr, act_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr, ROWS: tl.constexpr,
+def _gate_up_phase(x_ptr, act_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr,
                    HIDDEN: tl.constexpr, INTER: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
                    BK: tl.constexpr):  # fmt: skip
     task = pid
@@ -110,16 +109,16 @@ def _gate_up_phase(x_ptr, act_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.co
         cols = tl.minimum(COLS, INTER - n0)
         gate, up, squares = _rows_dot(
             x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr + (INTER + n0) * HIDDEN, HIDDEN, cols, HIDDEN, g_ptr,
-            True, True, ROWS, TILE, BK,
+            True, True, TILE, BK,
         )  # fmt: skip
         rstd = tl.rsqrt(squares / HIDDEN + eps)[:, None]
         gate, up = gate * rstd, up * rstd
-        _store_rows(act_ptr, INTER, n_tokens, n0, cols, gate / (1.0 + tl.exp(-gate)) * up, ROWS, TILE)
+        _store_rows(act_ptr, INTER, n_tokens, n0, cols, gate / (1.0 + tl.exp(-gate)) * up, TILE)
         task += GRID
 
 
 @triton.jit
-def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr, ROWS: tl.constexpr,
+def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr,
                     HIDDEN: tl.constexpr, K: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
                     SPLIT: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """x += a @ w^T, the output columns and the inner dimension shared out among the programs."""
@@ -130,9 +129,9 @@ def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr, ROWS
         k0 = (task % SPLIT) * k_len
         cols = tl.minimum(COLS, HIDDEN - n0)
         acc, _, _ = _rows_dot(
-            a_ptr + k0, K, n_tokens, w_ptr + n0 * K + k0, w_ptr, K, cols, k_len, w_ptr, False, False, ROWS, TILE, BK
+            a_ptr + k0, K, n_tokens, w_ptr + n0 * K + k0, w_ptr, K, cols, k_len, w_ptr, False, False, TILE, BK
         )
-        m = tl.arange(0, ROWS)[:, None]
+        m = tl.arange(0, _ROWS)[:, None]
         n = tl.arange(0, TILE)[None, :]
         tl.atomic_add(x_ptr + m * HIDDEN + n0 + n, acc, mask=(m < n_tokens) & (n < cols), sem="relaxed")
         task += GRID
@@ -140,12 +139,12 @@ def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr, ROWS
 
 @triton.jit
 def _attention_head(qkv_ptr, attn_ptr, head, q_norm_ptr, k_norm_ptr, positions_ptr, seq_ptr, rope_ptr, n_tokens,
-                    eps, scale, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr,
-                    BLOCK_T: tl.constexpr):  # fmt: skip
+                    eps, scale, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
+                    CAUSAL: tl.constexpr):  # fmt: skip
     """One head over every token of the batch (rose.triton_kernels' norm_rope_attention)."""
     row: tl.constexpr = (HQ + 2 * HK) * 2 * HALF
     kv_head = head // (HQ // HK)
-    t = tl.arange(0, BLOCK_T)
+    t = tl.arange(0, _ROWS)
     i = tl.arange(0, HALF)[None, :]
     valid = t < n_tokens
     mask = valid[:, None] & (i < HALF)
@@ -173,41 +172,42 @@ def _attention_head(qkv_ptr, attn_ptr, head, q_norm_ptr, k_norm_ptr, positions_p
 
 
 @triton.jit
-def _layers(
-    x_ptr, qkv_ptr, attn_ptr, act_ptr, n_tokens, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
+def _decoder_kernel(
+    x_ptr, qkv_ptr, attn_ptr, act_ptr, count_ptr, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
     in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
-    eps, scale, pid, NUM_LAYERS: tl.constexpr,
+    eps, scale, NUM_LAYERS: tl.constexpr,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
     CAUSAL: tl.constexpr, QKV_COLS: tl.constexpr, QKV_TILE: tl.constexpr, GU_COLS: tl.constexpr,
     GU_TILE: tl.constexpr, O_COLS: tl.constexpr, O_TILE: tl.constexpr, O_SPLIT: tl.constexpr,
     DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr, DOWN_SPLIT: tl.constexpr, BK_QKV: tl.constexpr,
-    BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_DOWN: tl.constexpr, GRID: tl.constexpr, ROWS: tl.constexpr,
+    BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_DOWN: tl.constexpr, GRID: tl.constexpr,
 ):  # fmt: skip
-    """Every layer on the first ROWS rows of x; see _decoder_kernel."""
+    """Every layer on x [tokens, HIDDEN] float32, in place; the weights are stacked by layer."""
+    pid = tl.program_id(0)
+    n_tokens = tl.load(count_ptr)
     QD: tl.constexpr = HQ * 2 * HALF
     NQKV: tl.constexpr = QD + 2 * HK * 2 * HALF
     arrivals = 0
     for layer in range(NUM_LAYERS):
-        _qkv_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, ROWS, HIDDEN, NQKV, QKV_COLS,
+        _qkv_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, NQKV, QKV_COLS,
                    QKV_TILE, BK_QKV)  # fmt: skip
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
         head = pid
         while head < HQ:
             _attention_head(qkv_ptr, attn_ptr, head, q_norm_ptr, k_norm_ptr, positions_ptr, seq_ptr, rope_ptr,
-                            n_tokens, eps, scale, HQ, HK, HALF, CAUSAL, ROWS)  # fmt: skip
+                            n_tokens, eps, scale, HQ, HK, HALF, CAUSAL)  # fmt: skip
             head += GRID
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
-        _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, ROWS, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT,
-                        BK_O)  # fmt: skip
+        _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT, BK_O)
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
-        _gate_up_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, ROWS, HIDDEN, INTER,
+        _gate_up_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, INTER,
                        GU_COLS, GU_TILE, BK_GU)  # fmt: skip
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
-        _residual_phase(act_ptr, x_ptr, down_w_ptr, n_tokens, pid, GRID, ROWS, HIDDEN, INTER, DOWN_COLS, DOWN_TILE,
+        _residual_phase(act_ptr, x_ptr, down_w_ptr, n_tokens, pid, GRID, HIDDEN, INTER, DOWN_COLS, DOWN_TILE,
                         DOWN_SPLIT, BK_DOWN)  # fmt: skip
         if layer + 1 < NUM_LAYERS:
             arrivals += GRID
@@ -220,36 +220,6 @@ def _layers(
         o_w_ptr += HIDDEN * QD
         gate_up_w_ptr += 2 * INTER * HIDDEN
         down_w_ptr += HIDDEN * INTER
-
-
-@triton.jit
-def _decoder_kernel(
-    x_ptr, qkv_ptr, attn_ptr, act_ptr, count_ptr, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
-    in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
-    eps, scale, NUM_LAYERS: tl.constexpr,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-    CAUSAL: tl.constexpr, QKV_COLS: tl.constexpr, QKV_TILE: tl.constexpr, GU_COLS: tl.constexpr,
-    GU_TILE: tl.constexpr, O_COLS: tl.constexpr, O_TILE: tl.constexpr, O_SPLIT: tl.constexpr,
-    DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr, DOWN_SPLIT: tl.constexpr, BK_QKV: tl.constexpr,
-    BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_DOWN: tl.constexpr, GRID: tl.constexpr,
-):  # fmt: skip
-    """Every layer on x [tokens, HIDDEN] float32, in place; the weights are stacked by layer. One
-    query's 16 rows or fewer take tiles of 16 rows, other batches tiles of 64: either way each
-    weight is read once."""
-    pid = tl.program_id(0)
-    n_tokens = tl.load(count_ptr)
-    if n_tokens <= _ROWS:
-        _layers(x_ptr, qkv_ptr, attn_ptr, act_ptr, n_tokens, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
-                in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
-                eps, scale, pid, NUM_LAYERS, HIDDEN, INTER, HQ, HK, HALF, CAUSAL, QKV_COLS, QKV_TILE, GU_COLS,
-                GU_TILE, O_COLS, O_TILE, O_SPLIT, DOWN_COLS, DOWN_TILE, DOWN_SPLIT, BK_QKV, BK_O, BK_GU, BK_DOWN,
-                GRID, _ROWS)  # fmt: skip
-    else:
-        _layers(x_ptr, qkv_ptr, attn_ptr, act_ptr, n_tokens, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
-                in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
-                eps, scale, pid, NUM_LAYERS, HIDDEN, INTER, HQ, HK, HALF, CAUSAL, QKV_COLS, QKV_TILE, GU_COLS,
-                GU_TILE, O_COLS, O_TILE, O_SPLIT, DOWN_COLS, DOWN_TILE, DOWN_SPLIT, BK_QKV, BK_O, BK_GU, BK_DOWN,
-                GRID, _MAX_TOKENS)  # fmt: skip
     # The last program out sets the barrier back for the next launch (every other one has left it).
     if tl.atomic_add(barrier_ptr + 1, 1, sem="acq_rel", scope="gpu") == GRID - 1:
         tl.atomic_xchg(barrier_ptr, 0)
@@ -280,8 +250,8 @@ def split_columns(n: int, k: int, programs: int, block_k: int, may_split_k: bool
     k does not divide into blocks of block_k."""
     cols = -(-n // programs)
     split = 1
-    if cols < ROWS:
-        cols = ROWS
+    if cols < MAX_TOKENS:
+        cols = MAX_TOKENS  # the smallest tile tl.dot takes
         if may_split_k:
             split = max(1, programs // -(-n // cols))
             while split > 1 and k % (split * block_k):

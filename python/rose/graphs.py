@@ -31,9 +31,11 @@ def sequence_slots(sequences: int) -> int:
     return 1 << max(sequences - 1, 0).bit_length()
 
 
-def bucket(tokens: int, sequences: int) -> tuple[int, int]:
-    """The graph configuration of a batch; one slot is kept for the padding tokens' sequence."""
-    return token_bucket(tokens), sequence_slots(sequences + 1)
+def bucket(tokens: int, sequences: int, smallest: int | None = None) -> tuple[int, int]:
+    """The graph configuration of a batch; one slot is kept for the padding tokens' sequence.
+    `smallest`: a bucket of that many tokens below the first (a model's path for single queries)."""
+    padded = smallest if smallest is not None and tokens <= smallest else token_bucket(tokens)
+    return padded, sequence_slots(sequences + 1)
 
 
 Forward = Callable[[RaggedBatch, AttentionBackend], torch.Tensor]
