@@ -10,17 +10,18 @@ import sys
 from pathlib import Path
 
 
-def test_triton_kernels_match_the_torch_reference() -> None:
-    script = Path(__file__).with_name("triton_check.py")
+def interpreted(script: str) -> str:
+    """stdout of tests/`script` run under Triton's interpreter; fails the test if the script fails."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    path = Path(__file__).with_name(script)
+    result = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "triton kernels match" in result.stdout
+    return result.stdout
+
+
+def test_triton_kernels_match_the_torch_reference() -> None:
+    assert "triton kernels match" in interpreted("triton_check.py")
 
 
 def test_fused_decoder_matches_the_layer_by_layer_path() -> None:
-    script = Path(__file__).with_name("fused_decoder_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "fused decoder matches" in result.stdout
+    assert "fused decoder matches" in interpreted("fused_decoder_check.py")

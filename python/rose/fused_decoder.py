@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from rose.batch import RaggedBatch
-from rose.triton_kernels import attend, norm_rope_halves
+from rose.triton_kernels import norm_rope_attention_head
 
 MAX_TOKENS = 16
 """The largest (padded) batch the kernel takes: one tile of rows, the fewest tl.dot takes. Its
@@ -84,36 +84,23 @@ def _store_rows(ptr, stride, n_tokens, n0, cols, values, TILE: tl.constexpr):
 
 
 @triton.jit
-def _qkv_phase(x_ptr, qkv_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr,
-               HIDDEN: tl.constexpr, N: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
-               BK: tl.constexpr):  # fmt: skip
+def _normed_phase(x_ptr, out_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr, HIDDEN: tl.constexpr,
+                  N: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr, BK: tl.constexpr,
+                  GATED: tl.constexpr):  # fmt: skip
+    """out [tokens, N] = RMSNorm(x) @ w^T; GATED: w is gate then up (N rows each), out = SiLU(gate) * up."""
     task = pid
     while task < tl.cdiv(N, COLS):
         n0 = task * COLS
         cols = tl.minimum(COLS, N - n0)
-        acc, _, squares = _rows_dot(
-            x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr, HIDDEN, cols, HIDDEN, g_ptr,
-            True, False, TILE, BK,
-        )  # fmt: skip
-        _store_rows(qkv_ptr, N, n_tokens, n0, cols, acc * tl.rsqrt(squares / HIDDEN + eps)[:, None], TILE)
-        task += GRID
-
-
-@triton.jit
-def _gate_up_phase(x_ptr, act_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr,
-                   HIDDEN: tl.constexpr, INTER: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
-                   BK: tl.constexpr):  # fmt: skip
-    task = pid
-    while task < tl.cdiv(INTER, COLS):
-        n0 = task * COLS
-        cols = tl.minimum(COLS, INTER - n0)
-        gate, up, squares = _rows_dot(
-            x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr + (INTER + n0) * HIDDEN, HIDDEN, cols, HIDDEN, g_ptr,
-            True, True, TILE, BK,
+        acc, up, squares = _rows_dot(
+            x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr + (N + n0) * HIDDEN, HIDDEN, cols, HIDDEN, g_ptr,
+            True, GATED, TILE, BK,
         )  # fmt: skip
         rstd = tl.rsqrt(squares / HIDDEN + eps)[:, None]
-        gate, up = gate * rstd, up * rstd
-        _store_rows(act_ptr, INTER, n_tokens, n0, cols, gate / (1.0 + tl.exp(-gate)) * up, TILE)
+        acc = acc * rstd
+        if GATED:
+            acc = acc / (1.0 + tl.exp(-acc)) * (up * rstd)
+        _store_rows(out_ptr, N, n_tokens, n0, cols, acc, TILE)
         task += GRID
 
 
@@ -138,40 +125,6 @@ def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr,
 
 
 @triton.jit
-def _attention_head(qkv_ptr, attn_ptr, head, q_norm_ptr, k_norm_ptr, positions_ptr, seq_ptr, rope_ptr, n_tokens,
-                    eps, scale, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-                    CAUSAL: tl.constexpr):  # fmt: skip
-    """One head over every token of the batch (rose.triton_kernels' norm_rope_attention)."""
-    row: tl.constexpr = (HQ + 2 * HK) * 2 * HALF
-    kv_head = head // (HQ // HK)
-    t = tl.arange(0, _ROWS)
-    i = tl.arange(0, HALF)[None, :]
-    valid = t < n_tokens
-    mask = valid[:, None] & (i < HALF)
-    position = tl.load(positions_ptr + t, mask=valid, other=0).to(tl.int64)[:, None]
-    cos = tl.load(rope_ptr + position * 2 * HALF + i)
-    sin = tl.load(rope_ptr + position * 2 * HALF + HALF + i)
-    rows = qkv_ptr + t[:, None] * row
-    q = rows + head * 2 * HALF + i
-    k = rows + (HQ + kv_head) * 2 * HALF + i
-    q1, q2 = norm_rope_halves(
-        tl.load(q, mask=mask, other=0.0, cache_modifier=".cg"),
-        tl.load(q + HALF, mask=mask, other=0.0, cache_modifier=".cg"),
-        q_norm_ptr, cos, sin, eps, HALF,
-    )  # fmt: skip
-    k1, k2 = norm_rope_halves(
-        tl.load(k, mask=mask, other=0.0, cache_modifier=".cg"),
-        tl.load(k + HALF, mask=mask, other=0.0, cache_modifier=".cg"),
-        k_norm_ptr, cos, sin, eps, HALF,
-    )  # fmt: skip
-    d = tl.arange(0, 2 * HALF)[None, :]
-    v = tl.load(rows + (HQ + HK + kv_head) * 2 * HALF + d, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-    scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
-    out = attend(scores, t, valid, seq_ptr, v, CAUSAL)
-    tl.store(attn_ptr + t[:, None] * (HQ * 2 * HALF) + head * 2 * HALF + d, out.to(v.dtype), mask=valid[:, None])
-
-
-@triton.jit
 def _decoder_kernel(
     x_ptr, qkv_ptr, attn_ptr, act_ptr, count_ptr, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
     in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
@@ -189,22 +142,23 @@ def _decoder_kernel(
     NQKV: tl.constexpr = QD + 2 * HK * 2 * HALF
     arrivals = 0
     for layer in range(NUM_LAYERS):
-        _qkv_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, NQKV, QKV_COLS,
-                   QKV_TILE, BK_QKV)  # fmt: skip
+        _normed_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, NQKV, QKV_COLS,
+                      QKV_TILE, BK_QKV, False)  # fmt: skip
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
         head = pid
         while head < HQ:
-            _attention_head(qkv_ptr, attn_ptr, head, q_norm_ptr, k_norm_ptr, positions_ptr, seq_ptr, rope_ptr,
-                            n_tokens, eps, scale, HQ, HK, HALF, CAUSAL)  # fmt: skip
+            # .cg: the q, k and v rows were written by other programs.
+            norm_rope_attention_head(qkv_ptr, NQKV, attn_ptr, head, n_tokens, q_norm_ptr, k_norm_ptr, positions_ptr,
+                                     rope_ptr, seq_ptr, eps, scale, HQ, HK, HALF, CAUSAL, _ROWS, ".cg")  # fmt: skip
             head += GRID
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
         _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT, BK_O)
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
-        _gate_up_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, INTER,
-                       GU_COLS, GU_TILE, BK_GU)  # fmt: skip
+        _normed_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, INTER,
+                      GU_COLS, GU_TILE, BK_GU, True)  # fmt: skip
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
         _residual_phase(act_ptr, x_ptr, down_w_ptr, n_tokens, pid, GRID, HIDDEN, INTER, DOWN_COLS, DOWN_TILE,

@@ -94,19 +94,14 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache:
 
 
 @triton.jit
-def _norm_rope(rows, weight_ptr, cos, sin, eps, mask, HALF: tl.constexpr):
+def _norm_rope(rows, weight_ptr, cos, sin, eps, mask, HALF: tl.constexpr, CACHE: tl.constexpr):
     """RMSNorm of the head that starts at each of `rows` (pointers [R, 1]), then RoPE; returns its
-    two rotated halves [R, HALF] in the input's dtype."""
+    two rotated halves [R, HALF] in the input's dtype. CACHE: the loads' cache modifier ("" for
+    the default; a defaulted constexpr argument does not compile)."""
     i = tl.arange(0, HALF)[None, :]
-    first, second = tl.load(rows + i, mask=mask, other=0.0), tl.load(rows + HALF + i, mask=mask, other=0.0)
-    return norm_rope_halves(first, second, weight_ptr, cos, sin, eps, HALF)
-
-
-@triton.jit
-def norm_rope_halves(first, second, weight_ptr, cos, sin, eps, HALF: tl.constexpr):
-    """_norm_rope of a head already loaded as its two halves [R, HALF]."""
-    i = tl.arange(0, HALF)[None, :]
-    a, b = first.to(tl.float32), second.to(tl.float32)
+    first = tl.load(rows + i, mask=mask, other=0.0, cache_modifier=CACHE)
+    a = first.to(tl.float32)
+    b = tl.load(rows + HALF + i, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
     scale = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
     # Rounded where Hugging Face rounds: after the norm, after the weight, after the rotation.
     a = (tl.load(weight_ptr + i).to(tl.float32) * (a * scale).to(first.dtype).to(tl.float32)).to(first.dtype)
@@ -121,7 +116,7 @@ def _norm_rope_heads(src, dst, weight_ptr, cos, sin, eps, H: tl.constexpr, BLOCK
     h = tl.arange(0, BLOCK_H)[:, None]
     i = tl.arange(0, HALF)[None, :]
     mask = (h < H) & (i < HALF)
-    a, b = _norm_rope(src + h * 2 * HALF, weight_ptr, cos, sin, eps, mask, HALF)
+    a, b = _norm_rope(src + h * 2 * HALF, weight_ptr, cos, sin, eps, mask, HALF, "")
     tl.store(dst + h * 2 * HALF + i, a, mask=mask)
     tl.store(dst + h * 2 * HALF + HALF + i, b, mask=mask)
 
@@ -183,7 +178,7 @@ registers."""
 
 
 @triton.jit
-def attend(scores, t, valid, seq_ptr, v, CAUSAL: tl.constexpr):
+def _attend(scores, t, valid, seq_ptr, v, CAUSAL: tl.constexpr):
     """Softmax of one head's scores [T, T], token i seeing token j when both are of the same
     sequence (and j <= i when causal), times v [T, D]."""
     seq_row = tl.load(seq_ptr + t, mask=valid, other=-1)
@@ -212,7 +207,7 @@ def _attention_kernel(
     q = tl.load(q_ptr + (t[:, None] * H + head) * D + d, mask=valid[:, None], other=0.0)
     k = tl.load(k_ptr + (t[:, None] * HK + kv_head) * D + d, mask=valid[:, None], other=0.0)
     v = tl.load(v_ptr + t[:, None] * v_stride + kv_head * D + d, mask=valid[:, None], other=0.0)
-    out = attend(tl.dot(q, tl.trans(k)) * scale, t, valid, seq_ptr, v, CAUSAL)
+    out = _attend(tl.dot(q, tl.trans(k)) * scale, t, valid, seq_ptr, v, CAUSAL)
     tl.store(out_ptr + (t[:, None] * H + head) * D + d, out.to(v.dtype), mask=valid[:, None])
 
 
@@ -235,12 +230,13 @@ def small_batch_attention(
 
 
 @triton.jit
-def _norm_rope_attention_kernel(
-    qkv_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, out_ptr, T, row_stride, eps, scale,
+def norm_rope_attention_head(
+    qkv_ptr, row_stride, out_ptr, head, T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, eps, scale,
     H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
+    CACHE: tl.constexpr,
 ):  # fmt: skip
-    """One head over every token of the batch, its q and k normed and rotated on the way in."""
-    head = tl.program_id(0)
+    """One head over every token of the batch, its q and k normed and rotated on the way in; the
+    output rows are [T, H * 2 * HALF]. CACHE: the cache modifier of the qkv loads."""
     kv_head = head // (H // HK)
     t = tl.arange(0, BLOCK_T)
     i = tl.arange(0, HALF)[None, :]
@@ -250,14 +246,25 @@ def _norm_rope_attention_kernel(
     cos = tl.load(cache_ptr + position * 2 * HALF + i)
     sin = tl.load(cache_ptr + position * 2 * HALF + HALF + i)
     rows = qkv_ptr + t[:, None].to(tl.int64) * row_stride
-    q1, q2 = _norm_rope(rows + head * 2 * HALF, q_weight_ptr, cos, sin, eps, mask, HALF)
-    k1, k2 = _norm_rope(rows + (H + kv_head) * 2 * HALF, k_weight_ptr, cos, sin, eps, mask, HALF)
+    q1, q2 = _norm_rope(rows + head * 2 * HALF, q_weight_ptr, cos, sin, eps, mask, HALF, CACHE)
+    k1, k2 = _norm_rope(rows + (H + kv_head) * 2 * HALF, k_weight_ptr, cos, sin, eps, mask, HALF, CACHE)
     d = tl.arange(0, 2 * HALF)[None, :]
-    v = tl.load(rows + (H + HK + kv_head) * 2 * HALF + d, mask=valid[:, None], other=0.0)
+    v = tl.load(rows + (H + HK + kv_head) * 2 * HALF + d, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
     # The rotated halves stay apart: q.k is the sum of the halves' dot products.
     scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
-    out = attend(scores, t, valid, seq_ptr, v, CAUSAL)
+    out = _attend(scores, t, valid, seq_ptr, v, CAUSAL)
     tl.store(out_ptr + (t[:, None] * H + head) * 2 * HALF + d, out.to(v.dtype), mask=valid[:, None])
+
+
+@triton.jit
+def _norm_rope_attention_kernel(
+    qkv_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, out_ptr, T, row_stride, eps, scale,
+    H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    norm_rope_attention_head(
+        qkv_ptr, row_stride, out_ptr, tl.program_id(0), T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr,
+        seq_ptr, eps, scale, H, HK, HALF, CAUSAL, BLOCK_T, "",
+    )  # fmt: skip
 
 
 def norm_rope_attention(
