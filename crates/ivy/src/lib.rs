@@ -15,4 +15,4 @@ pub mod tokenization;
 
 pub use config::IvyArgs;
 pub use error::IvyError;
-pub use server::{run, Gateway};
+pub use server::{run, EarlyTokenizer, Gateway};

@@ -1,6 +1,7 @@
 //! The gateway's shared state, and starting the HTTP server.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,20 +37,56 @@ struct Inner {
     metrics: PrometheusHandle,
 }
 
+/// The model folder's tokenizer.json, read and parsed on a blocking thread while the engine
+/// loads (a large one takes tens of milliseconds), so that it is off the start's critical path.
+pub struct EarlyTokenizer(tokio::task::JoinHandle<Option<(Vec<u8>, Tokenizer)>>);
+
+impl EarlyTokenizer {
+    /// Starts reading `path`; call inside the async runtime.
+    pub fn start(path: PathBuf) -> EarlyTokenizer {
+        EarlyTokenizer(tokio::task::spawn_blocking(move || {
+            let bytes = std::fs::read(path).ok()?;
+            let tokenizer = Tokenizer::from_bytes(&bytes).ok()?;
+            Some((bytes, tokenizer))
+        }))
+    }
+
+    /// The parsed tokenizer, if it was read from exactly the bytes that Tulip sent.
+    async fn take(self, sent: &[u8]) -> Option<Tokenizer> {
+        match self.0.await {
+            Ok(Some((read, tokenizer))) if read == sent => Some(tokenizer),
+            _ => None,
+        }
+    }
+}
+
 impl Gateway {
     /// Connects to the Tulip `replicas` (waiting up to `patience` for each to answer), fetches
-    /// the model's tokenizer, and starts the tokenizer pool. `metrics` renders /metrics.
+    /// the model's tokenizer (taking `early`'s when it is the same file), and starts the tokenizer
+    /// pool. `metrics` renders /metrics.
     pub async fn connect(
         args: IvyArgs,
         replicas: Vec<TulipClient>,
         patience: Duration,
         metrics: PrometheusHandle,
+        early: Option<EarlyTokenizer>,
     ) -> Result<Gateway, IvyError> {
         let (backend, info) = Backend::connect(replicas, patience).await?;
         let setup = backend.tokenizer().await?;
-        let tokenizer = Tokenizer::from_bytes(&setup.tokenizer_json).map_err(|e| {
-            IvyError::Backend(format!("the model's tokenizer.json cannot be read: {e}"))
-        })?;
+        let parsed = match early {
+            Some(early) => early.take(&setup.tokenizer_json).await,
+            None => None,
+        };
+        tracing::debug!(
+            "tokenizer parsed while the engine loaded: {}",
+            parsed.is_some()
+        );
+        let tokenizer = match parsed {
+            Some(tokenizer) => tokenizer,
+            None => Tokenizer::from_bytes(&setup.tokenizer_json).map_err(|e| {
+                IvyError::Backend(format!("the model's tokenizer.json cannot be read: {e}"))
+            })?,
+        };
         let template = Template::from_json(&setup.template_json)
             .map_err(|e| IvyError::Backend(format!("Tulip sent an unreadable template: {e}")))?;
         let workers = args
@@ -108,18 +145,20 @@ impl Gateway {
     }
 }
 
-/// Serves the HTTP API on `--hostname:--port` over the Tulip `replicas` until `shutdown`.
+/// Serves the HTTP API on `--hostname:--port` over the Tulip `replicas` until `shutdown`;
+/// `early`: the model's tokenizer, already being read (see [`EarlyTokenizer`]).
 pub async fn run(
     args: IvyArgs,
     replicas: Vec<TulipClient>,
+    early: Option<EarlyTokenizer>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), IvyError> {
     let addr = format!("{}:{}", args.hostname, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| IvyError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
-    let gateway =
-        Gateway::connect(args, replicas, CONNECT_PATIENCE, crate::metrics::install()).await?;
+    let metrics = crate::metrics::install();
+    let gateway = Gateway::connect(args, replicas, CONNECT_PATIENCE, metrics, early).await?;
     let info = gateway.info();
     tracing::info!(
         "Ivy listens on http://{addr} serving {} ({} on {}, {} attention)",
@@ -138,4 +177,36 @@ pub async fn run(
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| IvyError::Unavailable(format!("the HTTP server failed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKENIZER: &str = r#"{"version": "1.0", "added_tokens": [], "normalizer": null, "decoder": null,
+        "truncation": null, "padding": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}}"#;
+
+    #[tokio::test]
+    async fn an_early_tokenizer_is_taken_only_for_the_same_bytes() {
+        let path = std::env::temp_dir().join(format!("ivy-early-{}.json", std::process::id()));
+        std::fs::write(&path, TOKENIZER).unwrap();
+        let same = EarlyTokenizer::start(path.clone())
+            .take(TOKENIZER.as_bytes())
+            .await;
+        assert_eq!(
+            same.unwrap().encode("a b", false).unwrap().get_ids(),
+            &[1, 0]
+        );
+        let other = format!("{TOKENIZER} ");
+        assert!(EarlyTokenizer::start(path.clone())
+            .take(other.as_bytes())
+            .await
+            .is_none());
+        std::fs::remove_file(&path).unwrap();
+        assert!(EarlyTokenizer::start(path)
+            .take(TOKENIZER.as_bytes())
+            .await
+            .is_none());
+    }
 }

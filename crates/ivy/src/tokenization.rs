@@ -81,12 +81,18 @@ impl TokenizerPool {
         let _ = tokenizer.with_truncation(None);
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         let workers = workers.max(1);
+        let prototype = Arc::new(tokenizer);
         for i in 0..workers {
             let queue = queue.clone();
-            let mut worker = Worker::new(tokenizer.clone(), max_input_length);
+            let prototype = prototype.clone();
+            // Each worker copies the tokenizer on its own thread: a large vocabulary takes
+            // milliseconds a copy, which one thread doing them all would add to the start.
             thread::Builder::new()
                 .name(format!("ivy-tokenizer-{i}"))
-                .spawn(move || queue.iter().for_each(|job| worker.run(job)))
+                .spawn(move || {
+                    let mut worker = Worker::new((*prototype).clone(), max_input_length);
+                    queue.iter().for_each(|job| worker.run(job))
+                })
                 .expect("spawn a tokenization worker");
         }
         TokenizerPool {
@@ -94,7 +100,7 @@ impl TokenizerPool {
             workers,
             max_input_length,
             inline: Arc::default(),
-            prototype: Arc::new(tokenizer),
+            prototype,
         }
     }
 

@@ -76,7 +76,7 @@ impl Client {
             .detach(|| {
                 runtime.block_on(async {
                     let tulip = TulipClient::new(&url)?;
-                    Gateway::connect(args, vec![tulip], patience, metrics).await
+                    Gateway::connect(args, vec![tulip], patience, metrics, None).await
                 })
             })
             .map_err(|e| PyConnectionError::new_err(e.to_string()))?;

@@ -1,9 +1,10 @@
 //! `ivy-serve` and `tulip-serve`: parse flags, load ROSE under Tulip, serve until a signal.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser};
-use ivy::IvyArgs;
+use ivy::{EarlyTokenizer, IvyArgs};
 use pyo3::prelude::*;
 use tokio::sync::watch;
 use tulip::{Scheduler, TulipArgs, TulipClient};
@@ -63,8 +64,12 @@ pub fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
         }
     };
     init_logging();
+    let tokenizer = ivy
+        .as_ref()
+        .filter(|ivy| ivy.tulip_endpoints.is_empty())
+        .and_then(|_| tokenizer_path(py, engine.model.as_deref()));
     // Everything below runs without the GIL: the engine thread takes it when it calls ROSE.
-    let result = py.detach(|| run(engine, tulip, ivy, hostname));
+    let result = py.detach(|| run(engine, tulip, ivy, hostname, tokenizer));
     match result {
         Ok(()) => 0,
         Err(err) => {
@@ -74,11 +79,23 @@ pub fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
     }
 }
 
+/// The tokenizer.json of the model folder that ROSE will load (rose.model_dir.model_root), if
+/// Python can say where it is.
+fn tokenizer_path(py: Python<'_>, model: Option<&Path>) -> Option<PathBuf> {
+    let path = py
+        .import("rose.model_dir")
+        .and_then(|m| m.call_method1("model_root", (model,)))
+        .and_then(|root| root.call_method1("__truediv__", ("tokenizer.json",)))
+        .and_then(|path| path.extract::<PathBuf>());
+    path.ok()
+}
+
 fn run(
     engine: EngineArgs,
     tulip: TulipArgs,
     ivy: Option<IvyArgs>,
     hostname: String,
+    tokenizer: Option<PathBuf>,
 ) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -103,7 +120,7 @@ fn run(
                 .map(|url| TulipClient::new(url))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
-            return ivy::run(ivy.clone(), replicas, until(stopped))
+            return ivy::run(ivy.clone(), replicas, None, until(stopped))
                 .await
                 .map_err(|e| e.to_string());
         }
@@ -118,6 +135,8 @@ fn run(
         let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, grpc_port))
             .await
             .map_err(|e| format!("cannot listen on {ip}:{grpc_port}: {e}"))?;
+        // Ivy's tokenizer is parsed while the engine loads.
+        let early = tokenizer.map(EarlyTokenizer::start);
         let scheduler = tokio::task::spawn_blocking(move || {
             Scheduler::start(move || Rose::load(&engine, &tulip))
         })
@@ -136,7 +155,7 @@ fn run(
         ));
 
         if let Some(ivy) = ivy {
-            ivy::run(ivy, vec![local], until(stopped))
+            ivy::run(ivy, vec![local], early, until(stopped))
                 .await
                 .map_err(|e| e.to_string())?;
         }
