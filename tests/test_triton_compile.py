@@ -28,7 +28,7 @@ def test_the_fused_decoder_compiles_at_qwen3_0_6b_shape() -> None:
                  "barrier_ptr": I32, "eps": "fp32", "scale": "fp32"}  # fmt: skip
     constants = dict(NUM_LAYERS=28, HIDDEN=1024, INTER=3072, HQ=16, HK=8, HALF=64, CAUSAL=True, QKV_COLS=32,
                      QKV_TILE=32, GU_COLS=24, GU_TILE=32, O_COLS=16, O_TILE=16, O_SPLIT=2, DOWN_COLS=16,
-                     DOWN_TILE=16, DOWN_SPLIT=2, BK_QKV=256, BK_O=256, BK_GU=256, BK_DOWN=256, GRID=128)  # fmt: skip
+                     DOWN_TILE=16, DOWN_SPLIT=2, BK=256, GRID=128)  # fmt: skip
     compile_for_hopper(fused_decoder._decoder_kernel, pointers, constants, 8)
 
 

@@ -16,7 +16,6 @@ mul in the epilogue), down (added into the residual). Activations are read with 
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -132,8 +131,8 @@ def _decoder_kernel(
     HIDDEN: tl.constexpr, INTER: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
     CAUSAL: tl.constexpr, QKV_COLS: tl.constexpr, QKV_TILE: tl.constexpr, GU_COLS: tl.constexpr,
     GU_TILE: tl.constexpr, O_COLS: tl.constexpr, O_TILE: tl.constexpr, O_SPLIT: tl.constexpr,
-    DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr, DOWN_SPLIT: tl.constexpr, BK_QKV: tl.constexpr,
-    BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_DOWN: tl.constexpr, GRID: tl.constexpr,
+    DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr, DOWN_SPLIT: tl.constexpr, BK: tl.constexpr,
+    GRID: tl.constexpr,
 ):  # fmt: skip
     """Every layer on x [tokens, HIDDEN] float32, in place; the weights are stacked by layer."""
     pid = tl.program_id(0)
@@ -143,7 +142,7 @@ def _decoder_kernel(
     arrivals = 0
     for layer in range(NUM_LAYERS):
         _normed_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, NQKV, QKV_COLS,
-                      QKV_TILE, BK_QKV, False)  # fmt: skip
+                      QKV_TILE, BK, False)  # fmt: skip
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
         head = pid
@@ -154,15 +153,15 @@ def _decoder_kernel(
             head += GRID
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
-        _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT, BK_O)
+        _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT, BK)
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
         _normed_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, INTER,
-                      GU_COLS, GU_TILE, BK_GU, True)  # fmt: skip
+                      GU_COLS, GU_TILE, BK, True)  # fmt: skip
         arrivals += GRID
         _sync(barrier_ptr, arrivals)
         _residual_phase(act_ptr, x_ptr, down_w_ptr, n_tokens, pid, GRID, HIDDEN, INTER, DOWN_COLS, DOWN_TILE,
-                        DOWN_SPLIT, BK_DOWN)  # fmt: skip
+                        DOWN_SPLIT, BK)  # fmt: skip
         if layer + 1 < NUM_LAYERS:
             arrivals += GRID
             _sync(barrier_ptr, arrivals)
@@ -193,11 +192,6 @@ class Split:
         return -(-n // self.cols) * self.split
 
 
-def _block_for(k_len: int, most: int) -> int:
-    """The inner dimension's block: the largest power of two up to `most` that divides k_len."""
-    return math.gcd(k_len, 1 << (most.bit_length() - 1))
-
-
 def split_columns(n: int, k: int, programs: int, block_k: int, may_split_k: bool) -> Split | None:
     """About `programs` tasks for a GEMM [n, k]: columns first, then (at 16 columns, the smallest
     tile) the inner dimension when the GEMM's output is a sum that may arrive in parts. None when
@@ -223,7 +217,8 @@ class FusedDecoder:
     max_tokens = MAX_TOKENS
 
     def __init__(self, layers: list, config: dict, device: torch.device, programs: int | None = None,
-                 block_k: int = 256, max_block_k: int = 256, num_warps: int = 8) -> None:  # fmt: skip
+                 block_k: int = 256, num_warps: int = 8) -> None:  # fmt: skip
+        """`block_k`: the inner dimension's block (256: 128 and 512 were slower on the H200)."""
         first = layers[0]
         self.hidden = first.input_norm.shape[0]
         self.head_dim = first.q_norm.shape[0]
@@ -234,7 +229,7 @@ class FusedDecoder:
         self.causal = not config.get("use_bidirectional_attention", False)
         self.scale = self.head_dim**-0.5
         self.num_layers = len(layers)
-        self.num_warps = num_warps
+        self.block_k, self.num_warps = block_k, num_warps
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count
         n_qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
@@ -248,13 +243,6 @@ class FusedDecoder:
         tasks = [self.qkv.tasks(n_qkv), self.gate_up.tasks(self.inter), self.o.tasks(self.hidden),
                  self.down.tasks(self.hidden), self.heads]  # fmt: skip
         self.programs = min(programs, max(tasks))
-        # Each phase's whole slice in as few blocks as fit: a block's loads are issued together.
-        self.block_k = {
-            "qkv": _block_for(self.hidden, max_block_k),
-            "o": _block_for(self.heads * self.head_dim // self.o.split, max_block_k),
-            "gate_up": _block_for(self.hidden, max_block_k),
-            "down": _block_for(self.inter // self.down.split, max_block_k),
-        }
         self.stacks = {name: _stack_into(layers, name) for name in _LAYER_TENSORS}
         self.barrier = torch.zeros(2, dtype=torch.int32, device=device)
 
@@ -278,8 +266,7 @@ class FusedDecoder:
             CAUSAL=self.causal, QKV_COLS=self.qkv.cols, QKV_TILE=self.qkv.tile, GU_COLS=self.gate_up.cols,
             GU_TILE=self.gate_up.tile, O_COLS=self.o.cols, O_TILE=self.o.tile, O_SPLIT=self.o.split,
             DOWN_COLS=self.down.cols, DOWN_TILE=self.down.tile, DOWN_SPLIT=self.down.split,
-            BK_QKV=self.block_k["qkv"], BK_O=self.block_k["o"], BK_GU=self.block_k["gate_up"],
-            BK_DOWN=self.block_k["down"], GRID=self.programs, num_warps=self.num_warps,
+            BK=self.block_k, GRID=self.programs, num_warps=self.num_warps,
         )  # fmt: skip
 
 
