@@ -49,6 +49,7 @@ for causal in (True, False):
     decoder = FusedDecoder(model.layers, cfg, cpu, programs=8, block_k=32)
     assert decoder.o.split > 1 and decoder.down.split > 1 and decoder.gate_up.tile > decoder.gate_up.cols
     decoder.programs = 1
+    assert decoder.describe() == {"max_tokens": 16, "programs": 1, "block_k": 32}
     for lengths in ([1], [5, 11], [3, 2, 7]):
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         tokens = int(cu[-1])

@@ -287,6 +287,7 @@ class Engine:
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,
             "startup_seconds": self.startup_seconds,
+            "fused_decoder": fused.describe() if (fused := getattr(self.model, "fused", None)) else None,
         }
         if self.device.type == "cuda":
             out["gpu_idle_fraction"] = self._timeline.take_idle_fraction()

@@ -246,6 +246,10 @@ class FusedDecoder:
         self.stacks = {name: _stack_into(layers, name) for name in _LAYER_TENSORS}
         self.barrier = torch.zeros(2, dtype=torch.int32, device=device)
 
+    def describe(self) -> dict:
+        """For /info: which batches take the kernel, and how it is cut."""
+        return {"max_tokens": MAX_TOKENS, "programs": self.programs, "block_k": self.block_k}
+
     def __call__(self, x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor) -> None:
         """Runs every layer on the embeddings x [tokens, hidden] float32, in place."""
         tokens = x.shape[0]

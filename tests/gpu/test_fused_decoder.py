@@ -31,6 +31,7 @@ def test_fused_layers_match_the_reference_and_the_layer_by_layer_path(tmp_path, 
     monkeypatch.setenv("ROSE_FUSED_DECODER", "0")
     plain = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
     assert fused.model.fused is not None and plain.model.fused is None
+    assert fused.stats()["fused_decoder"]["max_tokens"] == 16 and plain.stats()["fused_decoder"] is None
     rng = np.random.default_rng(5)
     # Batches of 16 tokens or fewer take the kernel (graphs of a 16-token bucket), longer ones the
     # layer-by-layer path.
