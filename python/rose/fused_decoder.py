@@ -12,6 +12,10 @@ attention (one program per head: QK-norm, RoPE, softmax over the block-diagonal 
 into the float32 residual with atomics), gate-up (the post-attention RMSNorm folded in, SiLU-and-
 mul in the epilogue), down (added into the residual). Activations are read with `.cg` loads
 (L2, not the SM's L1, which does not see the other programs' writes).
+
+The barrier needs every program resident at once (one per SM). Other kernels only delay it, but
+two launches of it running together on one GPU (two streams, or two processes under MPS) could
+each hold part of the SMs and wait for each other; an engine runs its steps on one stream.
 """
 
 from __future__ import annotations
