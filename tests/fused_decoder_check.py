@@ -46,7 +46,7 @@ for causal in (True, False):
     weights = random_weights(cfg)
     reference = Qwen3(cfg, weights, torch.float32, cpu)
     model = Qwen3(cfg, weights, torch.float16, cpu)
-    decoder = FusedDecoder(model.layers, cfg, cpu, programs=8, block_k=32)
+    decoder = FusedDecoder(model.layers, model.attention_spec, model.eps, cpu, programs=8, block_k=32)
     assert decoder.o.split > 1 and decoder.down.split > 1 and decoder.gate_up.tile > decoder.gate_up.cols
     decoder.programs = 1
     assert decoder.describe() == {"max_tokens": 16, "programs": 1, "block_k": 32}

@@ -100,9 +100,8 @@ class Engine:
         weights = load_weights(self.model_dir.path, self._cls.weight_prefixes, self.device)
         marks.append(time.perf_counter())
         self.model = self._cls(self.model_dir.config, weights, self.dtype, self.device, self.matmul_dtype)
-        # Batches this short take the model's one-launch path (rose.fused_decoder) under graphs of their own.
-        fused = getattr(self.model, "fused", None)
-        self.smallest_bucket: int | None = fused.max_tokens if fused is not None else None
+        # The model's one-launch path for single queries (rose.fused_decoder), if it has one.
+        self.fused_decoder = getattr(self.model, "fused", None)
         marks.append(time.perf_counter())
         self.use_attention(attention_backend, defer=defer_attention)
         self._tokenizer: Any = None
@@ -190,6 +189,11 @@ class Engine:
         if self.matmul_dtype != self.dtype:
             return f"{MIXED} ({_dtype_name(self.matmul_dtype)} matmuls, {_dtype_name(self.dtype)} activations)"
         return _dtype_name(self.dtype)
+
+    @property
+    def smallest_bucket(self) -> int | None:
+        """Batches of this many tokens or fewer take the fused decoder, under graphs of their own."""
+        return self.fused_decoder.max_tokens if self.fused_decoder is not None else None
 
     @property
     def max_input_length(self) -> int:
@@ -287,7 +291,7 @@ class Engine:
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,
             "startup_seconds": self.startup_seconds,
-            "fused_decoder": fused.describe() if (fused := getattr(self.model, "fused", None)) else None,
+            "fused_decoder": self.fused_decoder.describe() if self.fused_decoder is not None else None,
         }
         if self.device.type == "cuda":
             out["gpu_idle_fraction"] = self._timeline.take_idle_fraction()

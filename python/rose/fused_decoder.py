@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
 from rose.triton_kernels import norm_rope_attention_head
 
@@ -40,7 +41,8 @@ _ROWS = tl.constexpr(MAX_TOKENS)
 
 @triton.jit
 def _sync(barrier_ptr, target):
-    """Grid-wide barrier: waits until the programs' arrivals at barrier_ptr reach `target`."""
+    """Grid-wide barrier: waits until the programs' arrivals at barrier_ptr reach `target`;
+    returns it (the next barrier's target is GRID more)."""
     tl.debug_barrier()
     tl.atomic_add(barrier_ptr, 1, sem="release", scope="gpu")
     # Polled with atomics. Slower on the H200: plain volatile loads of the counter, and a flag on a
@@ -48,6 +50,7 @@ def _sync(barrier_ptr, target):
     while tl.atomic_add(barrier_ptr, 0, sem="acquire", scope="gpu") < target:
         pass
     tl.debug_barrier()
+    return target
 
 
 @triton.jit
@@ -147,28 +150,23 @@ def _decoder_kernel(
     for layer in range(NUM_LAYERS):
         _normed_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, NQKV, QKV_COLS,
                       QKV_TILE, BK, False)  # fmt: skip
-        arrivals += GRID
-        _sync(barrier_ptr, arrivals)
+        arrivals = _sync(barrier_ptr, arrivals + GRID)
         head = pid
         while head < HQ:
             # .cg: the q, k and v rows were written by other programs.
             norm_rope_attention_head(qkv_ptr, NQKV, attn_ptr, head, n_tokens, q_norm_ptr, k_norm_ptr, positions_ptr,
                                      rope_ptr, seq_ptr, eps, scale, HQ, HK, HALF, CAUSAL, _ROWS, ".cg")  # fmt: skip
             head += GRID
-        arrivals += GRID
-        _sync(barrier_ptr, arrivals)
+        arrivals = _sync(barrier_ptr, arrivals + GRID)
         _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT, BK)
-        arrivals += GRID
-        _sync(barrier_ptr, arrivals)
+        arrivals = _sync(barrier_ptr, arrivals + GRID)
         _normed_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, INTER,
                       GU_COLS, GU_TILE, BK, True)  # fmt: skip
-        arrivals += GRID
-        _sync(barrier_ptr, arrivals)
+        arrivals = _sync(barrier_ptr, arrivals + GRID)
         _residual_phase(act_ptr, x_ptr, down_w_ptr, n_tokens, pid, GRID, HIDDEN, INTER, DOWN_COLS, DOWN_TILE,
                         DOWN_SPLIT, BK)  # fmt: skip
         if layer + 1 < NUM_LAYERS:
-            arrivals += GRID
-            _sync(barrier_ptr, arrivals)
+            arrivals = _sync(barrier_ptr, arrivals + GRID)
         in_norm_ptr += HIDDEN
         post_norm_ptr += HIDDEN
         q_norm_ptr += 2 * HALF
@@ -220,18 +218,15 @@ class FusedDecoder:
 
     max_tokens = MAX_TOKENS
 
-    def __init__(self, layers: list, config: dict, device: torch.device, programs: int | None = None,
-                 block_k: int = 256, num_warps: int = 8) -> None:  # fmt: skip
-        """`block_k`: the inner dimension's block (256: 128 and 512 were slower on the H200)."""
+    def __init__(self, layers: list, spec: AttentionSpec, eps: float, device: torch.device,
+                 programs: int | None = None, block_k: int = 256, num_warps: int = 8) -> None:  # fmt: skip
+        """`spec`, `eps`: the model's attention and norms; `block_k`: the inner dimension's block
+        (256: 128 and 512 were slower on the H200)."""
         first = layers[0]
         self.hidden = first.input_norm.shape[0]
-        self.head_dim = first.q_norm.shape[0]
-        self.heads = config["num_attention_heads"]
-        self.kv_heads = config.get("num_key_value_heads", self.heads)
         self.inter = first.down.weight.shape[1]
-        self.eps = config.get("rms_norm_eps", 1e-6)
-        self.causal = not config.get("use_bidirectional_attention", False)
-        self.scale = self.head_dim**-0.5
+        self.head_dim, self.heads, self.kv_heads = spec.head_dim, spec.num_heads, spec.num_kv_heads
+        self.causal, self.scale, self.eps = spec.causal, spec.scale, eps
         self.num_layers = len(layers)
         self.block_k, self.num_warps = block_k, num_warps
         if programs is None:

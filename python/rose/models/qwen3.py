@@ -86,25 +86,24 @@ class Qwen3:
                     down=linear([f"{p}.mlp.down_proj"]),
                 )
             )
-        self.fused = self._fused_decoder(config, dtype, matmul_dtype or dtype, device)
+        self.fused = self._fused_decoder(dtype, matmul_dtype or dtype, device)
 
     def _fused_decoder(
-        self, config: dict, dtype: torch.dtype, matmul_dtype: torch.dtype, device: torch.device
+        self, dtype: torch.dtype, matmul_dtype: torch.dtype, device: torch.device
     ) -> FusedDecoder | None:
         """The layers as one launch for short batches, on a GPU in 16-bit, where Triton runs."""
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or matmul_dtype != dtype:
             return None
-        if kernels.triton_kernels() is None:
+        tr = kernels.triton_kernels()
+        # Its attention is norm_rope_attention's, with the same limits on the head dim.
+        if tr is None or not tr.fits_norm_rope_attention(self.attention_spec.head_dim):
             return None
-        from rose import fused_decoder  # imports Triton
+        from rose import fused_decoder
 
-        if not fused_decoder.enabled():
-            return None
-        half = self.attention_spec.head_dim // 2
-        if half < 16 or half & (half - 1) or torch.cuda.get_device_capability(device) < (8, 0):
+        if not fused_decoder.enabled() or torch.cuda.get_device_capability(device) < (8, 0):
             return None
         try:
-            return fused_decoder.FusedDecoder(self.layers, config, device)
+            return fused_decoder.FusedDecoder(self.layers, self.attention_spec, self.eps, device)
         except ValueError:
             return None
 
