@@ -112,9 +112,10 @@ def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tu
     return np.array(client), {name: np.array(times) for name, times in server.items()}
 
 
-def time_to_first_answer(work: Path, folder: Path | None, device: str) -> tuple[float, float, dict]:
-    """Seconds from starting ivy-serve until /health answers and until a first embedding is back,
-    and the engine's own start-up phases from /info."""
+def time_to_first_answer(work: Path, folder: Path | None, device: str) -> tuple[float, float, float, dict]:
+    """Seconds from starting ivy-serve until /health answers, until a first embedding (one 16-token
+    query) is back and until a first batch (4 x 16 tokens, sent after it) is back, and the
+    engine's own start-up phases from /info."""
     port, grpc = free_port(), free_port()
     command = ["ivy-serve", "--hostname", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc)]
     command += ["--device", device] + (["--model", str(folder)] if folder else [])
@@ -134,8 +135,11 @@ def time_to_first_answer(work: Path, folder: Path | None, device: str) -> tuple[
         body = {"input": [[1000 + i for i in range(16)]]}
         assert requests.post(f"http://127.0.0.1:{port}/v1/embeddings", json=body, timeout=60).status_code == 200
         first = time.perf_counter() - start
+        body = {"input": [[2000 + 16 * i + j for j in range(16)] for i in range(4)]}
+        assert requests.post(f"http://127.0.0.1:{port}/v1/embeddings", json=body, timeout=60).status_code == 200
+        batch = time.perf_counter() - start
         info = requests.get(f"http://127.0.0.1:{port}/info", timeout=10).json()
-        return ready, first, info["engine"].get("startup_seconds", {})
+        return ready, first, batch, info["engine"].get("startup_seconds", {})
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -202,8 +206,9 @@ def main() -> None:
         rest = p50["total"] - sum(p50[k] for k in SERVER_TIMES[1:])
         print(f"| {graphs} | {name} | " + " | ".join(f"{p50[k]:.3f}" for k in SERVER_TIMES) + f" | {rest:.3f} |")
     print("(p50 ms of each of the server's x-*-time headers: the parts' p50s need not add up to the total's)")
-    ready, first, phases = time_to_first_answer(work, folder, args.device)
-    print(f"\nivy-serve start to /health: {ready:.2f} s; to the first embedding: {first:.2f} s (lazy capture)")
+    ready, first, batch, phases = time_to_first_answer(work, folder, args.device)
+    print(f"\nivy-serve start to /health: {ready:.2f} s; to the first embedding: {first:.2f} s (lazy capture);")
+    print(f"to a first batch of 4 x 16 tokens after it: {batch:.2f} s")
     print("engine start-up phases (s):", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 

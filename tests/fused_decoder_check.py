@@ -41,12 +41,12 @@ def random_weights(cfg: dict) -> dict[str, torch.Tensor]:
     }
 
 
-for causal in (True, False):
+for causal, merge_o in ((True, False), (False, False), (True, True)):
     cfg = {**config, "use_bidirectional_attention": not causal}
     weights = random_weights(cfg)
     reference = Qwen3(cfg, weights, torch.float32, cpu)
     model = Qwen3(cfg, weights, torch.float16, cpu)
-    decoder = FusedDecoder(model.layers, model.attention_spec, model.eps, cpu, programs=8, block_k=32)
+    decoder = FusedDecoder(model.layers, model.attention_spec, model.eps, cpu, programs=8, block_k=32, merge_o=merge_o)
     assert decoder.o.split > 1 and decoder.down.split > 1 and decoder.gate_up.tile > decoder.gate_up.cols
     decoder.programs = 1
     assert decoder.describe() == {"max_tokens": 16, "programs": 1, "block_k": 32}

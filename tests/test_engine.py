@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 import rose
 from models import save_tiny_bert, transformers_pooled
+from rose import fidelity
 from rose.attention import AttentionSpec, create_backend
 from rose.attention.sdpa import length_groups
 from rose.batch import RaggedBatch
@@ -200,3 +202,18 @@ def test_the_fidelity_reference_is_kept_for_the_next_start_with_the_same_files(
     for stored in (tmp_path / "cache" / "fidelity").glob("*.npy"):
         stored.write_bytes(b"not an array")
     assert start().fidelity["reference"] == "computed"
+
+
+def test_the_fidelity_check_runs_single_queries_alone_short_batches_together_and_then_everything() -> None:
+    fixed = fidelity.sequences(1000, 512)
+
+    def lengths(smallest: int | None, tier: str) -> list[list[int]]:
+        engine = types.SimpleNamespace(smallest_bucket=smallest)
+        return [[len(s) for s in fixed[part]] for part in fidelity.tier_batches(engine, fixed, tier)]
+
+    assert lengths(16, "single") == [[1], [3], [8], [16]]
+    assert lengths(None, "single") == []
+    assert lengths(16, "short") == [[1, 3, 8, 16, 17], [17]]  # up to 64 tokens, and the longest alone
+    assert lengths(16, "long") == [list(fidelity.LENGTHS)]
+    with pytest.raises(ValueError, match="unknown tier"):
+        lengths(16, "medium")

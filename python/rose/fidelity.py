@@ -106,33 +106,43 @@ def _store(path: Path, vectors: np.ndarray) -> None:
         log.info("the fidelity reference is not kept (%s)", why)
 
 
+TIERS = ("single", "short", "long")
+"""The check's batches by the path that serves them: single queries alone (the model's path for
+them, under the engine's smallest bucket), the short ones together (online queries, which the triton
+attention backend takes up to 64 tokens) with the longest of them alone, and all of them at once."""
+
+
+def tier_batches(engine: Engine, fixed: list[list[int]], tier: str) -> list[slice]:
+    """The slices of the fixed sequences that make up the batches of `tier` (see TIERS)."""
+    short = next((i for i in range(len(fixed)) if sum(map(len, fixed[: i + 1])) > 64), len(fixed))
+    if tier == "single":
+        return [slice(i, i + 1) for i in range(short) if len(fixed[i]) <= (engine.smallest_bucket or 0)]
+    if tier == "short":
+        return [slice(0, short), slice(short - 1, short)]
+    if tier == "long":
+        return [slice(0, len(fixed))]
+    raise ValueError(f"unknown tier {tier!r}; use {', '.join(TIERS)}")
+
+
 def check(
     engine: Engine,
     expected: tuple[list[list[int]], np.ndarray],
     threshold: float = 0.999,
-    long: bool = True,
+    tiers: tuple[str, ...] = TIERS,
 ) -> dict[str, Any]:
-    """Runs the engine's path on the fixed sequences of `expected` and compares with the
-    reference's vectors there: the short ones alone (a batch of online queries, which the triton
-    attention backend takes up to 64 tokens), the longest of them on its own and the longest that
-    the engine's single-query bucket takes (single queries: so that their graphs are captured, and
-    the model's path for them checked, before the first query comes) and, with `long`, all of
-    them at once. On
-    divergence turns graphs off, then falls back to the torch attention backend, and says so in
-    the log and in the report it returns."""
+    """Runs the engine's path on the batches of `tiers` (see TIERS) made of the fixed sequences
+    of `expected`, and compares with the reference's vectors there; single queries run so that
+    their graphs are captured before the first query comes. On divergence turns graphs off, then
+    falls back to the torch attention backend, and says so in the log and in the report it returns."""
     fixed, vectors = expected
-    short = next((i for i in range(len(fixed)) if sum(map(len, fixed[: i + 1])) > 64), len(fixed))
-    fits_smallest = [i for i in range(short) if len(fixed[i]) <= (engine.smallest_bucket or 0)]
-    alone = sorted({short - 1, *fits_smallest[-1:]})
-    batches = [(fixed[:short], vectors[:short])] + [(fixed[i : i + 1], vectors[i : i + 1]) for i in alone]
-    batches += [(fixed, vectors)] if long else []
+    slices = [s for tier in tiers for s in tier_batches(engine, fixed, tier)]
     fallbacks = []
     while True:
         # Three runs: with lazy graphs, a bucket's eager run, its capture and a replay.
         worst = min(
-            float(cosines(engine.embed_ids(batch, normalize=False), want).min())
+            float(cosines(engine.embed_ids(fixed[s], normalize=False), vectors[s]).min())
             for _ in range(3)
-            for batch, want in batches
+            for s in slices
         )
         path = f"{engine.attention.name}, {engine.dtype_name}, graphs {engine.graphs.mode if engine.graphs else 'off'}"
         if worst >= threshold:
@@ -145,6 +155,13 @@ def check(
             engine.use_attention("torch")
         else:
             break
-    checked = len(fixed) if long else short
+    checked = len({i for s in slices for i in range(len(fixed))[s]})
     log.info("fidelity check: worst cosine %.6f against float32 over %d sequences (%s)", worst, checked, path)
-    return {"worst_cosine": worst, "threshold": threshold, "path": path, "sequences": checked, "fallbacks": fallbacks}
+    return {
+        "worst_cosine": worst,
+        "threshold": threshold,
+        "path": path,
+        "sequences": checked,
+        "tiers": list(tiers),
+        "fallbacks": fallbacks,
+    }

@@ -235,8 +235,23 @@ def norm_rope_attention_head(
     H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
     CACHE: tl.constexpr,
 ):  # fmt: skip
-    """One head over every token of the batch, its q and k normed and rotated on the way in; the
-    output rows are [T, H * 2 * HALF]. CACHE: the cache modifier of the qkv loads."""
+    """One head over every token of the batch (norm_rope_attend), stored into the output rows
+    [T, H * 2 * HALF]."""
+    out = norm_rope_attend(qkv_ptr, row_stride, head, T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr,
+                           seq_ptr, eps, scale, H, HK, HALF, CAUSAL, BLOCK_T, CACHE)  # fmt: skip
+    t = tl.arange(0, BLOCK_T)[:, None]
+    d = tl.arange(0, 2 * HALF)[None, :]
+    tl.store(out_ptr + (t * H + head) * 2 * HALF + d, out.to(out_ptr.dtype.element_ty), mask=t < T)
+
+
+@triton.jit
+def norm_rope_attend(
+    qkv_ptr, row_stride, head, T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, eps, scale,
+    H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
+    CACHE: tl.constexpr,
+):  # fmt: skip
+    """One head over every token of the batch, its q and k normed and rotated on the way in: the
+    head's output [BLOCK_T, 2 * HALF] in float32. CACHE: the cache modifier of the qkv loads."""
     kv_head = head // (H // HK)
     t = tl.arange(0, BLOCK_T)
     i = tl.arange(0, HALF)[None, :]
@@ -252,8 +267,7 @@ def norm_rope_attention_head(
     v = tl.load(rows + (H + HK + kv_head) * 2 * HALF + d, mask=valid[:, None], other=0.0, cache_modifier=CACHE)
     # The rotated halves stay apart: q.k is the sum of the halves' dot products.
     scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
-    out = _attend(scores, t, valid, seq_ptr, v, CAUSAL)
-    tl.store(out_ptr + (t[:, None] * H + head) * 2 * HALF + d, out.to(v.dtype), mask=valid[:, None])
+    return _attend(scores, t, valid, seq_ptr, v, CAUSAL)
 
 
 @triton.jit
