@@ -8,10 +8,11 @@ the inner dimension) and meet at a grid-wide barrier between phases, so that the
 two weights' reads is a barrier (about 1.5 us on the H200) instead of a kernel launch in a graph.
 
 Phases of a layer: QKV (the input RMSNorm folded in: norm(x) @ W = rstd * ((x * g) @ W)),
-attention (one program per head: QK-norm, RoPE, softmax over the block-diagonal mask), O (added
-into the float32 residual with atomics), gate-up (the post-attention RMSNorm folded in, SiLU-and-
-mul in the epilogue), down (added into the residual). Activations are read with `.cg` loads
-(L2, not the SM's L1, which does not see the other programs' writes).
+attention and O (a task is one head, with QK-norm, RoPE and softmax over the block-diagonal mask,
+times a block of O's columns, added into the float32 residual with atomics), gate-up (the
+post-attention RMSNorm folded in, SiLU-and-mul in the epilogue), down (added into the residual).
+Activations are read with `.cg` loads (L2, not the SM's L1, which does not see the other
+programs' writes).
 
 The barrier needs every program resident at once (one per SM). Other kernels only delay it, but
 two launches of it running together on one GPU (two streams, or two processes under MPS) could
@@ -29,7 +30,7 @@ import triton.language as tl
 
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
-from rose.triton_kernels import norm_rope_attend, norm_rope_attention_head
+from rose.triton_kernels import norm_rope_attend
 
 MAX_TOKENS = 16
 """The largest (padded) batch the kernel takes: one tile of rows, the fewest tl.dot takes. Its
@@ -56,7 +57,7 @@ def _sync(barrier_ptr, target):
 @triton.jit
 def _rows_dot(
     a_ptr, a_stride, n_tokens, w_ptr, w2_ptr, w_stride, cols, k_len, g_ptr,
-    NORM: tl.constexpr, TWO: tl.constexpr, TILE: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+    NORM: tl.constexpr, TWO: tl.constexpr, TILE: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     """The token rows of a (times g when NORM) against `cols` rows of w (and of w2 when TWO), over
     k_len: returns the products [16, TILE] in float32 and, when NORM, the sum of squares of a's rows."""
@@ -69,7 +70,7 @@ def _rows_dot(
     acc = tl.zeros((_ROWS, TILE), tl.float32)
     acc2 = tl.zeros((_ROWS, TILE), tl.float32)
     squares = tl.zeros((_ROWS,), tl.float32)
-    for k in tl.range(0, k_len, BK, num_stages=STAGES):  # 1 stage: 1.30 ms a query, 3: 0.88
+    for k in tl.range(0, k_len, BK, num_stages=3):  # 1 stage: 1.30 ms a query, 3: 0.88; 2 or 4: slower
         a = tl.load(a_rows + k, mask=row_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
         if NORM:
             squares += tl.sum(a * a, axis=1)
@@ -92,7 +93,7 @@ def _store_rows(ptr, stride, n_tokens, n0, cols, values, TILE: tl.constexpr):
 @triton.jit
 def _normed_phase(x_ptr, out_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.constexpr, HIDDEN: tl.constexpr,
                   N: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr, BK: tl.constexpr,
-                  GATED: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+                  GATED: tl.constexpr):  # fmt: skip
     """out [tokens, N] = RMSNorm(x) @ w^T; GATED: w is gate then up (N rows each), out = SiLU(gate) * up."""
     task = pid
     while task < tl.cdiv(N, COLS):
@@ -100,7 +101,7 @@ def _normed_phase(x_ptr, out_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.con
         cols = tl.minimum(COLS, N - n0)
         acc, up, squares = _rows_dot(
             x_ptr, HIDDEN, n_tokens, w_ptr + n0 * HIDDEN, w_ptr + (N + n0) * HIDDEN, HIDDEN, cols, HIDDEN, g_ptr,
-            True, GATED, TILE, BK, STAGES,
+            True, GATED, TILE, BK,
         )  # fmt: skip
         rstd = tl.rsqrt(squares / HIDDEN + eps)[:, None]
         acc = acc * rstd
@@ -113,7 +114,7 @@ def _normed_phase(x_ptr, out_ptr, w_ptr, g_ptr, n_tokens, eps, pid, GRID: tl.con
 @triton.jit
 def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr,
                     HIDDEN: tl.constexpr, K: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr,
-                    SPLIT: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+                    SPLIT: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """x += a @ w^T, the output columns and the inner dimension shared out among the programs."""
     k_len: tl.constexpr = K // SPLIT
     task = pid
@@ -122,7 +123,7 @@ def _residual_phase(a_ptr, x_ptr, w_ptr, n_tokens, pid, GRID: tl.constexpr,
         k0 = (task % SPLIT) * k_len
         cols = tl.minimum(COLS, HIDDEN - n0)
         acc, _, _ = _rows_dot(
-            a_ptr + k0, K, n_tokens, w_ptr + n0 * K + k0, w_ptr, K, cols, k_len, w_ptr, False, False, TILE, BK, STAGES
+            a_ptr + k0, K, n_tokens, w_ptr + n0 * K + k0, w_ptr, K, cols, k_len, w_ptr, False, False, TILE, BK
         )
         m = tl.arange(0, _ROWS)[:, None]
         n = tl.arange(0, TILE)[None, :]
@@ -136,7 +137,8 @@ def _attention_o_phase(qkv_ptr, x_ptr, o_w_ptr, n_tokens, q_norm_ptr, k_norm_ptr
                        HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, COLS: tl.constexpr):  # fmt: skip
     """x += attention(qkv) @ o_w^T. A task is one head times a block of COLS output columns (the
     heads' parts added with atomics); the block's weights are loaded first, so that their trip from
-    memory overlaps the attention, which the tasks of a head each compute (it is small)."""
+    memory overlaps the attention, which the tasks of a head each compute (it is small). One phase
+    instead of two: 0.78 against 0.85 ms a query on the H200."""
     D: tl.constexpr = 2 * HALF
     QD: tl.constexpr = HQ * D
     PARTS: tl.constexpr = (HIDDEN + COLS - 1) // COLS
@@ -158,14 +160,13 @@ def _attention_o_phase(qkv_ptr, x_ptr, o_w_ptr, n_tokens, q_norm_ptr, k_norm_ptr
 
 @triton.jit
 def _decoder_kernel(
-    x_ptr, qkv_ptr, attn_ptr, act_ptr, count_ptr, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
+    x_ptr, qkv_ptr, act_ptr, count_ptr, positions_ptr, seq_ptr, rope_ptr, barrier_ptr,
     in_norm_ptr, qkv_w_ptr, q_norm_ptr, k_norm_ptr, o_w_ptr, post_norm_ptr, gate_up_w_ptr, down_w_ptr,
     eps, scale, NUM_LAYERS: tl.constexpr,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-    CAUSAL: tl.constexpr, QKV_COLS: tl.constexpr, QKV_TILE: tl.constexpr, GU_COLS: tl.constexpr,
-    GU_TILE: tl.constexpr, O_COLS: tl.constexpr, O_TILE: tl.constexpr, O_SPLIT: tl.constexpr,
-    DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr, DOWN_SPLIT: tl.constexpr, BK: tl.constexpr,
-    GRID: tl.constexpr, NORMED_STAGES: tl.constexpr, RESIDUAL_STAGES: tl.constexpr, MERGED_COLS: tl.constexpr,
+    CAUSAL: tl.constexpr, QKV_COLS: tl.constexpr, QKV_TILE: tl.constexpr, O_COLS: tl.constexpr,
+    GU_COLS: tl.constexpr, GU_TILE: tl.constexpr, DOWN_COLS: tl.constexpr, DOWN_TILE: tl.constexpr,
+    DOWN_SPLIT: tl.constexpr, BK: tl.constexpr, GRID: tl.constexpr,
 ):  # fmt: skip
     """Every layer on x [tokens, HIDDEN] float32, in place; the weights are stacked by layer."""
     pid = tl.program_id(0)
@@ -175,28 +176,16 @@ def _decoder_kernel(
     arrivals = 0
     for layer in range(NUM_LAYERS):
         _normed_phase(x_ptr, qkv_ptr, qkv_w_ptr, in_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, NQKV, QKV_COLS,
-                      QKV_TILE, BK, False, NORMED_STAGES)  # fmt: skip
+                      QKV_TILE, BK, False)  # fmt: skip
         arrivals = _sync(barrier_ptr, arrivals + GRID)
-        if MERGED_COLS > 0:
-            _attention_o_phase(qkv_ptr, x_ptr, o_w_ptr, n_tokens, q_norm_ptr, k_norm_ptr, positions_ptr, rope_ptr,
-                               seq_ptr, eps, scale, pid, GRID, HIDDEN, HQ, HK, HALF, CAUSAL, MERGED_COLS)  # fmt: skip
-        else:
-            head = pid
-            while head < HQ:
-                # .cg: the q, k and v rows were written by other programs.
-                norm_rope_attention_head(qkv_ptr, NQKV, attn_ptr, head, n_tokens, q_norm_ptr, k_norm_ptr,
-                                         positions_ptr, rope_ptr, seq_ptr, eps, scale, HQ, HK, HALF, CAUSAL, _ROWS,
-                                         ".cg")  # fmt: skip
-                head += GRID
-            arrivals = _sync(barrier_ptr, arrivals + GRID)
-            _residual_phase(attn_ptr, x_ptr, o_w_ptr, n_tokens, pid, GRID, HIDDEN, QD, O_COLS, O_TILE, O_SPLIT, BK,
-                            RESIDUAL_STAGES)  # fmt: skip
+        _attention_o_phase(qkv_ptr, x_ptr, o_w_ptr, n_tokens, q_norm_ptr, k_norm_ptr, positions_ptr, rope_ptr,
+                           seq_ptr, eps, scale, pid, GRID, HIDDEN, HQ, HK, HALF, CAUSAL, O_COLS)  # fmt: skip
         arrivals = _sync(barrier_ptr, arrivals + GRID)
         _normed_phase(x_ptr, act_ptr, gate_up_w_ptr, post_norm_ptr, n_tokens, eps, pid, GRID, HIDDEN, INTER,
-                      GU_COLS, GU_TILE, BK, True, NORMED_STAGES)  # fmt: skip
+                      GU_COLS, GU_TILE, BK, True)  # fmt: skip
         arrivals = _sync(barrier_ptr, arrivals + GRID)
         _residual_phase(act_ptr, x_ptr, down_w_ptr, n_tokens, pid, GRID, HIDDEN, INTER, DOWN_COLS, DOWN_TILE,
-                        DOWN_SPLIT, BK, RESIDUAL_STAGES)  # fmt: skip
+                        DOWN_SPLIT, BK)  # fmt: skip
         if layer + 1 < NUM_LAYERS:
             arrivals = _sync(barrier_ptr, arrivals + GRID)
         in_norm_ptr += HIDDEN
@@ -251,8 +240,7 @@ class FusedDecoder:
     max_tokens = MAX_TOKENS
 
     def __init__(self, layers: list, spec: AttentionSpec, eps: float, device: torch.device,
-                 programs: int | None = None, block_k: int = 256, num_warps: int = 8,
-                 stages: tuple[int, int] = (3, 3), merge_o: bool = False) -> None:  # fmt: skip
+                 programs: int | None = None, block_k: int = 256, num_warps: int = 8) -> None:  # fmt: skip
         """`spec`, `eps`: the model's attention and norms; `block_k`: the inner dimension's block
         (256: 128 and 512 were slower on the H200)."""
         first = layers[0]
@@ -261,23 +249,20 @@ class FusedDecoder:
         self.head_dim, self.heads, self.kv_heads = spec.head_dim, spec.num_heads, spec.num_kv_heads
         self.causal, self.scale, self.eps = spec.causal, spec.scale, eps
         self.num_layers = len(layers)
-        self.block_k, self.num_warps, self.stages = block_k, num_warps, stages
+        self.block_k, self.num_warps = block_k, num_warps
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count
         n_qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv = split_columns(n_qkv, self.hidden, programs, block_k, False)
         self.gate_up = split_columns(self.inter, self.hidden, programs, block_k, False)
-        self.o = split_columns(self.hidden, self.heads * self.head_dim, programs, block_k, True)
         self.down = split_columns(self.hidden, self.inter, programs, block_k, True)
-        splits = (self.qkv, self.gate_up, self.o, self.down)
-        if any(s is None for s in splits):
+        if self.qkv is None or self.gate_up is None or self.down is None:
             raise ValueError("the model's dimensions do not divide into the kernel's blocks")
-        tasks = [self.qkv.tasks(n_qkv), self.gate_up.tasks(self.inter), self.o.tasks(self.hidden),
-                 self.down.tasks(self.hidden), self.heads]  # fmt: skip
+        # Attention and O: a head times a block of O's output columns a task, about one a program.
+        self.o_cols = max(MAX_TOKENS, triton.next_power_of_2(-(-self.hidden * self.heads // programs)))
+        tasks = [self.qkv.tasks(n_qkv), self.heads * -(-self.hidden // self.o_cols), self.gate_up.tasks(self.inter),
+                 self.down.tasks(self.hidden)]  # fmt: skip
         self.programs = min(programs, max(tasks))
-        # Merged attention and O: a head times a block of output columns a task, about one a program.
-        cols = triton.next_power_of_2(-(-self.hidden * self.heads // self.programs))
-        self.merged_cols = max(cols, MAX_TOKENS) if merge_o else 0
         self.stacks = {name: _stack_into(layers, name) for name in _LAYER_TENSORS}
         self.barrier = torch.zeros(2, dtype=torch.int32, device=device)
 
@@ -294,19 +279,17 @@ class FusedDecoder:
         if count is None:
             count = torch.full((1,), tokens, dtype=torch.int32, device=device)
         qkv = torch.empty(tokens, (self.heads + 2 * self.kv_heads) * self.head_dim, dtype=dtype, device=device)
-        attn = torch.empty(tokens, self.heads * self.head_dim, dtype=dtype, device=device)
         act = torch.empty(tokens, self.inter, dtype=dtype, device=device)
         s = self.stacks
         _decoder_kernel[(self.programs,)](
-            x, qkv, attn, act, count, batch.positions, batch.seq_ids, rope, self.barrier,
+            x, qkv, act, count, batch.positions, batch.seq_ids, rope, self.barrier,
             s["input_norm"], s["qkv"], s["q_norm"], s["k_norm"], s["o"], s["post_norm"], s["gate_up"], s["down"],
             self.eps, self.scale, NUM_LAYERS=self.num_layers,
             HIDDEN=self.hidden, INTER=self.inter, HQ=self.heads, HK=self.kv_heads, HALF=self.head_dim // 2,
-            CAUSAL=self.causal, QKV_COLS=self.qkv.cols, QKV_TILE=self.qkv.tile, GU_COLS=self.gate_up.cols,
-            GU_TILE=self.gate_up.tile, O_COLS=self.o.cols, O_TILE=self.o.tile, O_SPLIT=self.o.split,
-            DOWN_COLS=self.down.cols, DOWN_TILE=self.down.tile, DOWN_SPLIT=self.down.split,
-            BK=self.block_k, GRID=self.programs, NORMED_STAGES=self.stages[0], RESIDUAL_STAGES=self.stages[1],
-            MERGED_COLS=self.merged_cols, num_warps=self.num_warps,
+            CAUSAL=self.causal, QKV_COLS=self.qkv.cols, QKV_TILE=self.qkv.tile, O_COLS=self.o_cols,
+            GU_COLS=self.gate_up.cols, GU_TILE=self.gate_up.tile, DOWN_COLS=self.down.cols,
+            DOWN_TILE=self.down.tile, DOWN_SPLIT=self.down.split, BK=self.block_k, GRID=self.programs,
+            num_warps=self.num_warps,
         )  # fmt: skip
 
 
