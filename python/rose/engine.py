@@ -125,18 +125,13 @@ class Engine:
         # torch._dynamo (1.2 s on the H200) with torch's varlen kernel, FlashInfer or FA4 alike.
         auto = self.attention if isinstance(self.attention, AutoBackend) else None
         self._long_pending = defer_attention and auto is not None and bool(auto.small or auto.deferred)
-        # Likewise with a path of the model's own for single queries: start-up checks that one
-        # only, and the first batch it does not take checks the short batches (their first GEMMs
-        # load cuBLAS's kernels: 0.1-0.3 s on the H200, which the fused decoder does not use).
-        self._short_pending = defer_attention and self.fused_decoder is not None and on_gpu
         if triton_key is not None:
             wait([triton_key])
         for spec in warmup:
             self._warm(spec)
         marks.append(time.perf_counter())
         if verify and (on_gpu or self.matmul_dtype != self.dtype):
-            later = {"short", "long"} if self._short_pending else {"long"} if self._long_pending else set()
-            tiers = tuple(tier for tier in fidelity.TIERS if tier not in later)
+            tiers = fidelity.TIERS[:-1] if self._long_pending else fidelity.TIERS
             self.fidelity = self.check_fidelity(weights=weights, tiers=tiers)
         del weights
         marks.append(time.perf_counter())
@@ -173,7 +168,7 @@ class Engine:
         libraries imported in the background, switches to the full "auto" backend, and runs the
         fidelity check's batches again, the long ones too (falling back as at start if they
         diverge): the full backend comes with graphs of its own."""
-        self._long_pending = self._short_pending = False
+        self._long_pending = False
         if isinstance(self.attention, AutoBackend) and self.attention.deferred:
             try:
                 if self._deferred is not None:
@@ -186,15 +181,6 @@ class Engine:
             self._deferred = None
         if self._expected is not None and self.fidelity is not None:
             self.fidelity["long_batches"] = fidelity.check(self, self._expected)
-
-    def _check_short_batches(self) -> None:
-        """Before the first batch that the model's single-query path does not take: the fidelity
-        check's short batches, and its long ones unless they wait for their own first batch
-        (falling back as at start if they diverge)."""
-        self._short_pending = False
-        tiers = ("short",) if self._long_pending else ("short", "long")
-        if self._expected is not None and self.fidelity is not None:
-            self.fidelity["short_batches"] = fidelity.check(self, self._expected, tiers=tiers)
 
     @property
     def dimensions(self) -> int:
@@ -231,8 +217,6 @@ class Engine:
         tokens, sequences = len(ids), len(cu) - 1
         if self._long_pending and not (isinstance(self.attention, AutoBackend) and self.attention.takes_small(tokens)):
             self._prepare_long_batches()
-        elif self._short_pending and tokens > (self.smallest_bucket or 0):
-            self._check_short_batches()
         longest = int(np.diff(cu).max()) if sequences else 0
         # Graphs share one memory pool: the previous result leaves it before the next replay.
         if self._last_copy is not None:
@@ -308,7 +292,6 @@ class Engine:
             "attention_backend": self.attention.name,
             "attention_deferred": self.attention.deferred if isinstance(self.attention, AutoBackend) else [],
             "attention_importing": self._deferred is not None and not self._deferred.done(),
-            "short_batches_pending": bool(self._short_pending),
             "long_batches_pending": bool(self._long_pending),
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,

@@ -58,17 +58,12 @@ def test_qwen3_06b_shape_matches_transformers(qwen3: tuple, backend: str) -> Non
 def test_a_server_checks_and_serves_queries_first_and_long_batches_after_the_deferred_imports(qwen3: tuple) -> None:
     engine, sequences, expected = qwen3
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
-    assert served.fused_decoder is not None  # so start-up checks single queries (1, 3, 8, 16 tokens) alone
     assert served.attention.name == "auto(torch,triton)" and served.stats()["attention_deferred"] == ["fa2", "fa3"]
-    assert served.fidelity["sequences"] == 4 and served.fidelity["tiers"] == ["single"]
-    assert served.stats()["short_batches_pending"] and served.stats()["long_batches_pending"]
+    assert served.fidelity["sequences"] == 5 and served.stats()["long_batches_pending"]  # 1+3+8+16+17 tokens
+    assert served.fidelity["tiers"] == ["single", "short"]
     served._deferred.result(timeout=300)
-    served.embed_ids([[5] * 16])  # a single query waits for neither later check
-    assert served.stats()["short_batches_pending"] and "short_batches" not in served.fidelity
-    served.embed_ids([[5] * 8] * 4)  # a short batch waits for the short batches' check only
-    short = served.fidelity["short_batches"]
-    assert short["worst_cosine"] >= THRESHOLD and short["sequences"] == 5 and short["tiers"] == ["short"]
-    assert served.attention.name == "auto(torch,triton)" and served.stats()["long_batches_pending"]
+    served.embed_ids([[5] * 16])  # an online query does not wait for the long batches' check
+    assert served.attention.name == "auto(torch,triton)"
     vectors = served.embed_ids(sequences, normalize=False)
     assert served.attention.name == "auto(fa2,fa3,triton)" and not served.stats()["long_batches_pending"]
     long_batches = served.fidelity["long_batches"]
