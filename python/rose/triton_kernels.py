@@ -230,21 +230,6 @@ def small_batch_attention(
 
 
 @triton.jit
-def norm_rope_attention_head(
-    qkv_ptr, row_stride, out_ptr, head, T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, eps, scale,
-    H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
-    CACHE: tl.constexpr,
-):  # fmt: skip
-    """One head over every token of the batch (norm_rope_attend), stored into the output rows
-    [T, H * 2 * HALF]."""
-    out = norm_rope_attend(qkv_ptr, row_stride, head, T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr,
-                           seq_ptr, eps, scale, H, HK, HALF, CAUSAL, BLOCK_T, CACHE)  # fmt: skip
-    t = tl.arange(0, BLOCK_T)[:, None]
-    d = tl.arange(0, 2 * HALF)[None, :]
-    tl.store(out_ptr + (t * H + head) * 2 * HALF + d, out.to(out_ptr.dtype.element_ty), mask=t < T)
-
-
-@triton.jit
 def norm_rope_attend(
     qkv_ptr, row_stride, head, T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, eps, scale,
     H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -275,10 +260,13 @@ def _norm_rope_attention_kernel(
     qkv_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr, seq_ptr, out_ptr, T, row_stride, eps, scale,
     H: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    norm_rope_attention_head(
-        qkv_ptr, row_stride, out_ptr, tl.program_id(0), T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr,
-        seq_ptr, eps, scale, H, HK, HALF, CAUSAL, BLOCK_T, "",
-    )  # fmt: skip
+    """One program per head; the output rows are [T, H * 2 * HALF]."""
+    head = tl.program_id(0)
+    out = norm_rope_attend(qkv_ptr, row_stride, head, T, q_weight_ptr, k_weight_ptr, positions_ptr, cache_ptr,
+                           seq_ptr, eps, scale, H, HK, HALF, CAUSAL, BLOCK_T, "")  # fmt: skip
+    t = tl.arange(0, BLOCK_T)[:, None]
+    d = tl.arange(0, 2 * HALF)[None, :]
+    tl.store(out_ptr + (t * H + head) * 2 * HALF + d, out.to(out_ptr.dtype.element_ty), mask=t < T)
 
 
 def norm_rope_attention(

@@ -82,12 +82,11 @@ pub fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
 /// The tokenizer.json of the model folder that ROSE will load (rose.model_dir.model_root), if
 /// Python can say where it is.
 fn tokenizer_path(py: Python<'_>, model: Option<&Path>) -> Option<PathBuf> {
-    let path = py
+    let root = py
         .import("rose.model_dir")
         .and_then(|m| m.call_method1("model_root", (model,)))
-        .and_then(|root| root.call_method1("__truediv__", ("tokenizer.json",)))
-        .and_then(|path| path.extract::<PathBuf>());
-    path.ok()
+        .and_then(|root| root.extract::<PathBuf>());
+    root.ok().map(|root| root.join("tokenizer.json"))
 }
 
 fn run(
