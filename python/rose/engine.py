@@ -201,6 +201,7 @@ class Engine:
     def max_input_length(self) -> int:
         return self.model_dir.max_input_length
 
+    @torch.inference_mode()
     def step(self, input_ids: Any, cu_seqlens: Any) -> LazyTensor:
         """Enqueues one packed batch; returns its pooled float32 vectors [sequences, dim] as a
         LazyTensor without waiting for the device. Normalization and truncation are left to the
@@ -228,14 +229,14 @@ class Engine:
         bound = min(key[0], max(self.max_input_length, 256))
         fits = key[0] <= self._inputs.max_tokens and key[1] <= self._inputs.max_sequences
         if self.graphs is not None and fits and longest <= bound:
-            batch = self._inputs.fill(ids, cu, key[0], key[1], max_seqlen=bound, stream=self._stream)
+            batch = self._inputs.fill(ids, cu, key[0], key[1], max_seqlen=bound)
             attention = self.graphs.attention_for(key, batch)
             attention.plan(batch)
             self._inputs.mark_uploaded(self._stream)
             pooled = self.graphs.run(key, batch, self._forward)[:sequences]
         else:
             if tokens <= self._inputs.max_tokens and sequences <= self._inputs.max_sequences:
-                batch = self._inputs.fill(ids, cu, tokens, sequences, max_seqlen=longest, stream=self._stream)
+                batch = self._inputs.fill(ids, cu, tokens, sequences, max_seqlen=longest)
             else:  # larger than the static buffers: a one-off upload
                 batch = RaggedBatch.from_host(ids, cu, self.device)
             self.attention.plan(batch)
@@ -246,9 +247,6 @@ class Engine:
         self._last_copy = lazy.done
         return lazy
 
-    # Here, not around step(): a graph's replay needs no inference mode, and entering it costs
-    # the host ~10 us a step before the replay.
-    @torch.inference_mode()
     def _forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
         return pool(self.model.forward(batch, attention), batch, self.pooling)

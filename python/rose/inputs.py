@@ -2,8 +2,7 @@
 
 A copy from pageable memory makes the host wait for the stream to drain, which would stop the
 host from enqueuing batch N+1 while batch N runs. So ids and offsets go through one page-locked
-staging buffer into static device buffers (static so that CUDA graphs can read them), by the
-driver's asynchronous copy: torch's copy_ costs the host ~20 us more, on a query's path.
+staging buffer into static device buffers (static so that CUDA graphs can read them).
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ import numpy as np
 import torch
 
 from rose.batch import RaggedBatch
-from rose.cuda_driver import CudaDriver, CudaError
 
 
 class DeviceInputs:
     """Static device buffers for up to `max_tokens` ids and `max_sequences` offsets, filled from a
-    page-locked staging buffer of the same layout in one copy."""
+    page-locked staging buffer of the same layout in one copy (each copy costs the host ~20 us)."""
 
     def __init__(self, device: torch.device, max_tokens: int, max_sequences: int) -> None:
         # Offsets first, then the real token count, then the ids from an aligned start:
@@ -28,7 +26,6 @@ class DeviceInputs:
         self._device = torch.zeros(size, dtype=torch.int32, device=device)
         self.staging = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self._host = self.staging.numpy()
-        self._driver = CudaDriver(self._device.device.index)
         # The views a batch of (tokens, sequences) reads, made once: slicing tensors costs the host
         # ~2 us a view, and a graph's bucket repeats (fill took 57 us of a query's 118 before its replay).
         self._views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
@@ -45,16 +42,10 @@ class DeviceInputs:
         return self._max_sequences
 
     def fill(
-        self,
-        ids: np.ndarray,
-        cu_seqlens: np.ndarray,
-        tokens: int,
-        sequences: int,
-        max_seqlen: int,
-        stream: torch.cuda.Stream,
+        self, ids: np.ndarray, cu_seqlens: np.ndarray, tokens: int, sequences: int, max_seqlen: int
     ) -> RaggedBatch:
-        """Uploads a batch padded to `tokens` tokens and `sequences` sequences on `stream`: the
-        padding tokens (id 0) form one extra sequence, and the remaining sequences are empty."""
+        """Uploads a batch padded to `tokens` tokens and `sequences` sequences: the padding tokens
+        (id 0) form one extra sequence, and the remaining sequences are empty."""
         real_tokens, real_sequences = len(ids), len(cu_seqlens) - 1
         if real_tokens > tokens or real_sequences + (tokens > real_tokens) > sequences:
             raise ValueError(f"{real_tokens} tokens in {real_sequences} sequences do not fit {tokens} in {sequences}")
@@ -73,22 +64,21 @@ class DeviceInputs:
             if len(self._views) >= 256:  # eager batches of every size would otherwise pile up
                 self._views.clear()
             views = self._views[(tokens, sequences)] = self._slice(tokens, sequences)
-        self._upload((at + tokens) * self.staging.element_size(), stream.cuda_stream)
-        on_device, cu, cu_host, count = views
+        upload_to, upload_from, on_device, cu, cu_host, count = views
+        upload_to.copy_(upload_from, non_blocking=True)
         return RaggedBatch(on_device, cu, cu_host, max_seqlen, token_count=count)
 
-    def _upload(self, size: int, stream: int) -> None:
-        args = self._device.data_ptr(), self.staging.data_ptr(), size, stream
-        try:
-            self._driver.copy_to_device(*args)
-        except CudaError:  # a thread whose first CUDA call this is: no context current yet
-            self._driver.make_current()
-            self._driver.copy_to_device(*args)
-
     def _slice(self, tokens: int, sequences: int) -> tuple[torch.Tensor, ...]:
-        """The ids, the offsets (device and host) and the count."""
+        """The upload's destination and source, the ids, the offsets (device and host) and the count."""
         at, device = self._ids_at, self._device
-        return device[at : at + tokens], device[: sequences + 1], self.staging[: sequences + 1], device[at - 1 : at]
+        return (
+            device[: at + tokens],
+            self.staging[: at + tokens],
+            device[at : at + tokens],
+            device[: sequences + 1],
+            self.staging[: sequences + 1],
+            device[at - 1 : at],
+        )
 
     def wait_free(self) -> None:
         """Waits until the previous batch's uploads (and any plan copies enqueued with them) have
