@@ -1,12 +1,12 @@
 """Start-up work a server does on a thread while its main thread imports torch.
 
 `import torch` takes 1.1-1.9 s on the H200's hosts; after it the engine used to create the CUDA
-context (0.1-0.3 s), copy the weights onto the GPU (0.4-0.5 s for Qwen3-0.6B's 1.2 GB through
-safetensors' pageable copies) and, before its first Triton kernel, wait for Triton to hash its
-installation (0.36 s). None of these needs torch: the driver's calls made through ctypes, the
-file reads and the hashing let go of the GIL, so all three run while torch imports. torch then
-finds the device's primary context (the one its runtime uses) already made, and rose.weights
-takes the staged weights (`take_staged`). Nothing here imports torch."""
+context (0.1-0.3 s) and copy the weights onto the GPU (0.4-0.5 s for Qwen3-0.6B's 1.2 GB through
+safetensors' pageable copies). Neither needs torch: the driver's calls made through ctypes and the
+file reads let go of the GIL, so both run while torch imports. torch then finds the device's
+primary context (the one its runtime uses) already made, and rose.weights takes the staged
+weights (`take_staged`). Triton's cache key (rose.triton_key) is hashed here too, but only on a
+start that has none stored: hashing beside the import slowed it. Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
+from rose import triton_key
 from rose.cuda_driver import CudaDriver, CudaError
 from rose.model_dir import model_root, weight_files
 from rose.staging import StagedFile, stage
 
 log = logging.getLogger(__name__)
 _triton_lock = threading.Lock()
+_triton_ready = False
 # What start() staged, on which GPU, with the driver that owns the buffers; taken once.
 _staging: tuple[int, Future[tuple[CudaDriver, list[StagedFile]] | None]] | None = None
 
@@ -81,14 +83,26 @@ def release(driver: CudaDriver, staged: list[StagedFile]) -> None:
 
 
 def warm_triton() -> None:
-    """Has Triton hash its installation now (once per process), so that the first kernel does
-    not wait for it. A second caller waits for the first instead of hashing again."""
+    """Makes Triton's cache key known now (once per process; rose.triton_key: read from disk when
+    stored, else hashed and stored), so that the first kernel does not wait for it. A second
+    caller waits for the first instead of hashing again."""
+    global _triton_ready
     with _triton_lock:
+        if _triton_ready:
+            return
         try:
-            from triton.runtime.cache import triton_key
+            triton_key.install(triton_key.fingerprint())
         except ImportError:
             return
-        triton_key()
+        _triton_ready = True
+
+
+def _early_triton() -> None:
+    """Beside `import torch`: nothing when Triton's key is stored (importing Triton and hashing
+    beside it slowed the import), else the hashing, which the first start cannot avoid."""
+    print_ = triton_key.fingerprint()
+    if print_ is None or triton_key.stored_key(print_) is None:
+        warm_triton()
 
 
 def _prepare(index: int, model: str | Path | None, staged: Future[tuple[CudaDriver, list[StagedFile]] | None]) -> None:
@@ -99,7 +113,7 @@ def _prepare(index: int, model: str | Path | None, staged: Future[tuple[CudaDriv
         staged.set_result(None)
         return
     # On a thread of its own once there is a GPU: the copies below need not wait for it.
-    threading.Thread(target=warm_triton, name="rose-prestart-triton", daemon=True).start()
+    threading.Thread(target=_early_triton, name="rose-prestart-triton", daemon=True).start()
     try:
         files = weight_files(model_root(model))
         staged.set_result((driver, stage(driver, files)) if files else None)
