@@ -100,8 +100,8 @@ def warm_triton() -> None:
 def _early_triton() -> None:
     """Beside `import torch`: nothing when Triton's key is stored (importing Triton and hashing
     beside it slowed the import), else the hashing, which the first start cannot avoid."""
-    print_ = triton_key.fingerprint()
-    if print_ is None or triton_key.stored_key(print_) is None:
+    digest = triton_key.fingerprint()
+    if digest is None or triton_key.stored_key(digest) is None:
         warm_triton()
 
 

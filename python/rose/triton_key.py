@@ -31,7 +31,7 @@ def fingerprint(root: Path | None = None) -> str | None:
         if spec is None or spec.origin is None:
             return None
         root = Path(spec.origin).parent
-    digest = hashlib.sha256()
+    files_hash = hashlib.sha256()
     for part in _HASHED:
         path = root / part
         if path.is_dir():
@@ -40,35 +40,35 @@ def fingerprint(root: Path | None = None) -> str | None:
             files = [path] if path.exists() else []
         for file in files:
             stat = file.stat()
-            digest.update(f"{file}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:32]
+            files_hash.update(f"{file}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return files_hash.hexdigest()[:32]
 
 
-def _stored(print_: str) -> Path:
-    return cache_dir("triton-key", print_)
+def _stored(digest: str) -> Path:
+    return cache_dir("triton-key", digest)
 
 
-def stored_key(print_: str) -> str | None:
+def stored_key(digest: str) -> str | None:
     """The key stored for this fingerprint, if any."""
     try:
-        return _stored(print_).read_text()
+        return _stored(digest).read_text()
     except OSError:
         return None
 
 
-def install(print_: str | None) -> None:
+def install(digest: str | None) -> None:
     """Makes Triton's key known to Triton (imported here): the stored one when there is one,
     else Triton computes it (hashing) and it is stored for later starts."""
     from triton.runtime import cache
 
-    key = stored_key(print_) if print_ else None
+    key = stored_key(digest) if digest else None
     if key is not None:
         # get_cache_key() looks triton_key up in its module at each call.
         cache.triton_key = functools.cache(lambda: key)
         return
     key = cache.triton_key()
-    if print_:
-        path = _stored(print_)
+    if digest:
+        path = _stored(digest)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(key)
