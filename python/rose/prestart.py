@@ -91,7 +91,7 @@ def warm_triton() -> None:
         if _triton_ready:
             return
         try:
-            triton_key.install(triton_key.fingerprint())
+            triton_key.install(triton_key.installed_fingerprint())
         except ImportError:
             return
         _triton_ready = True
@@ -100,7 +100,7 @@ def warm_triton() -> None:
 def _early_triton() -> None:
     """Beside `import torch`: nothing when Triton's key is stored (importing Triton and hashing
     beside it slowed the import), else the hashing, which the first start cannot avoid."""
-    digest = triton_key.fingerprint()
+    digest = triton_key.installed_fingerprint()
     if digest is None or triton_key.stored_key(digest) is None:
         warm_triton()
 

@@ -44,6 +44,10 @@ def fingerprint(root: Path | None = None) -> str | None:
     return files_hash.hexdigest()[:32]
 
 
+installed_fingerprint = functools.cache(fingerprint)
+"""fingerprint() of the installed Triton, taken once a process (the prestart thread's is reused)."""
+
+
 def _stored(digest: str) -> Path:
     return cache_dir("triton-key", digest)
 
