@@ -1,9 +1,17 @@
 //! Compiles protos/tulip.proto with protox, so that no system protoc is needed.
 
+use std::path::PathBuf;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../protos");
-    println!("cargo:rerun-if-changed={proto_dir}/tulip.proto");
-    let descriptors = protox::compile(["tulip.proto"], [proto_dir])?;
+    // Read when the script runs, not when it is compiled: a build script binary may be reused
+    // for a checkout in another folder that shares the target directory.
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let proto_dir = manifest_dir.join("../../protos");
+    println!(
+        "cargo:rerun-if-changed={}",
+        proto_dir.join("tulip.proto").display()
+    );
+    let descriptors = protox::compile(["tulip.proto"], [&proto_dir])?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }
