@@ -91,3 +91,17 @@ def test_lazy_tensor_waits_on_its_event() -> None:
     assert isinstance(lazy.done, torch.cuda.Event)
     out = lazy.wait()
     assert lazy.ready() and out.shape == (128, 384) and np.isfinite(out).all()
+
+
+def test_lazy_tensor_copies_after_the_work_on_its_own_stream_and_leaves_the_current_one() -> None:
+    work, copies = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(work):
+        values = torch.arange(4096, device="cuda", dtype=torch.float32).reshape(8, 512) * 2
+        rose.LazyTensor.from_device(values, copies, work).wait()  # warm: kernels loaded, pinned memory cached
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: the values are late, and a copy that did not wait reads old ones
+        values.mul_(3)
+        lazy = rose.LazyTensor.from_device(values, copies, work)
+        assert torch.cuda.current_stream() == work
+        assert not lazy.ready()
+    expected = (np.arange(4096, dtype=np.float32) * 6).reshape(8, 512)
+    np.testing.assert_array_equal(lazy.wait(), expected)
