@@ -205,7 +205,9 @@ class Engine:
     def step(self, input_ids: Any, cu_seqlens: Any) -> LazyTensor:
         """Enqueues one packed batch; returns its pooled float32 vectors [sequences, dim] as a
         LazyTensor without waiting for the device. Normalization and truncation are left to the
-        caller, since requests packed together may want different shapes."""
+        caller, since requests packed together may want different shapes. On the GPU, call it
+        with the stream that was current when the engine was made still current (the engine holds
+        that stream instead of looking it up each step)."""
         ids, cu = as_int32(input_ids), as_int32(cu_seqlens)
         if self.device.type != "cuda":
             batch = RaggedBatch.from_host(ids, cu, self.device)
