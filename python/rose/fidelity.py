@@ -12,8 +12,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +20,7 @@ import torch
 
 from rose.attention import create_backend
 from rose.batch import RaggedBatch
-from rose.cache import cache_dir
+from rose.cache import cache_dir, write_whole
 from rose.pooling import pool
 
 if TYPE_CHECKING:
@@ -96,12 +94,9 @@ def _reference_key(engine: Engine, batch_sequences: list[list[int]]) -> str:
 
 
 def _store(path: Path, vectors: np.ndarray) -> None:
-    """Writes `vectors` to `path` whole or not at all (concurrent starts may race)."""
+    """Keeps `vectors` at `path` for later starts, where the cache folder can be written."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as out:
-            np.save(out, vectors)
-        os.replace(out.name, path)
+        write_whole(path, lambda out: np.save(out, vectors))
     except OSError as why:  # a read-only home: every start computes the reference
         log.info("the fidelity reference is not kept (%s)", why)
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import os
+import logging
 from pathlib import Path
 
-from rose.cache import cache_dir
+from rose.cache import cache_dir, write_whole
+
+log = logging.getLogger(__name__)
 
 # What triton.runtime.cache.triton_key reads (Triton 3.x), under Triton's package folder.
 _HASHED = ("__init__.py", "runtime/cache.py", "compiler", "backends", "language", "_C")
@@ -72,8 +74,7 @@ def install(digest: str | None) -> None:
         return
     key = cache.triton_key()
     if digest:
-        path = _stored(digest)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(key)
-        partial.replace(path)
+        try:
+            write_whole(_stored(digest), lambda out: out.write(key.encode()))
+        except OSError as why:  # a read-only home: every start hashes, as Triton would
+            log.info("Triton's cache key is not kept (%s)", why)
