@@ -1,10 +1,11 @@
-"""The GPU idle share's bookkeeping (rose.timeline.IdleShare), on step times in ms."""
+"""The GPU idle share's bookkeeping (rose.timeline.IdleShare), on step times in ms, and the
+forecast of a step's end (rose.timeline.FinishForecast), in seconds."""
 
 from __future__ import annotations
 
 import pytest
 
-from rose.timeline import IdleShare
+from rose.timeline import FinishForecast, IdleShare
 
 
 def test_gaps_between_steps_count_as_idle() -> None:
@@ -38,3 +39,32 @@ def test_steps_enqueued_before_a_window_opened_do_not_count_in_it() -> None:
 
 def test_no_steps_no_share() -> None:
     assert IdleShare().take() is None
+
+
+def test_no_forecast_before_a_step_of_the_configuration_finished() -> None:
+    finish = FinishForecast()
+    finish.add((64, 1), 0.002)
+    finish.add(None, 0.001)  # a step not to forecast from
+    assert finish.forecast((16, 1), begun=10.0) is None
+    assert finish.forecast(None, begun=10.0) is None
+
+
+def test_a_forecast_takes_the_shortest_recent_span_of_its_configuration() -> None:
+    finish = FinishForecast(keep=3)
+    for span in (0.050, 0.001, 0.0012):  # the first run, eager, then replays
+        finish.add((16, 1), span)
+    assert finish.forecast((16, 1), begun=10.0) == pytest.approx(10.001)
+    for span in (0.003, 0.003, 0.003):  # the GPU got slower: the short spans age out
+        finish.add((16, 1), span)
+    assert finish.forecast((16, 1), begun=20.0) == pytest.approx(20.003)
+
+
+def test_a_step_begun_while_the_previous_one_runs_ends_after_it() -> None:
+    finish = FinishForecast()
+    finish.add((16, 1), 0.001)
+    finish.add((256, 8), 0.004)
+    assert finish.forecast((256, 8), begun=10.0) == pytest.approx(10.004)
+    assert finish.forecast((16, 1), begun=10.0005) == pytest.approx(10.005)
+    # Unknown configurations break the chain: the next forecast counts from its own begin.
+    assert finish.forecast((512, 8), begun=10.001) is None
+    assert finish.forecast((16, 1), begun=10.002) == pytest.approx(10.003)

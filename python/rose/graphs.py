@@ -81,6 +81,11 @@ class CudaGraphs:
         self.graphs.move_to_end(key)
         return entry.attention
 
+    def captured(self, key: tuple[int, int]) -> bool:
+        """Whether `run` replays the graph of `key` (rather than running eagerly or capturing)."""
+        entry = self.graphs.get(key)
+        return entry is not None and entry.graph is not None
+
     def run(self, key: tuple[int, int], batch: RaggedBatch, forward: Forward) -> torch.Tensor:
         """Runs the model on `batch` (already in the static buffers) through the graph of `key`."""
         entry = self.graphs[key]

@@ -1,8 +1,11 @@
-"""How much of the time the GPU waits between steps, from CUDA events around each step's work."""
+"""How much of the time the GPU waits between steps, and when a step just enqueued should be done,
+from CUDA events around each step's work."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Hashable
 
 import torch
 
@@ -39,20 +42,52 @@ class IdleShare:
         return max(0.0, 1.0 - busy / span) if span > 0 else None
 
 
+class FinishForecast:
+    """When a step just enqueued should be done, in time.perf_counter() seconds: from when it was
+    begun (or the previous step's forecast end, if later) plus the shortest span of the last few
+    finished steps of its configuration. The shortest, because a late forecast makes its waiter
+    sleep past the end while an early one only makes it poll a little longer (a step's span also
+    holds the host's lateness in enqueuing it)."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self._keep = keep
+        self._spans: dict[Hashable, deque[float]] = {}
+        self._busy_until = 0.0
+
+    def add(self, key: Hashable | None, span: float) -> None:
+        """A finished step of configuration `key` took `span` seconds on the GPU (None: a step
+        not to forecast from)."""
+        if key is not None:
+            self._spans.setdefault(key, deque(maxlen=self._keep)).append(span)
+
+    def forecast(self, key: Hashable | None, begun: float) -> float | None:
+        """The end of a step of `key` begun at `begun`; None for key None, or before any step of
+        `key` finished."""
+        spans = self._spans.get(key) if key is not None else None
+        if not spans:
+            self._busy_until = 0.0  # unknown: the next step's forecast starts from its own begin
+            return None
+        self._busy_until = max(begun, self._busy_until) + min(spans)
+        return self._busy_until
+
+
 class StepTimeline:
     """Events recorded at the start and end of each step's GPU work. Only the engine's thread
     touches the events; other threads call take_idle_fraction, which reads plain numbers."""
 
     def __init__(self) -> None:
-        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
+        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int, Hashable | None]] = deque()
         self._origin: torch.cuda.Event | None = None
         self._start: torch.cuda.Event | None = None
         self._window = 0
         self.share = IdleShare()
+        self.finish = FinishForecast()
+        self._begun = 0.0
         # Events of collected steps, recorded again: a new one costs the host ~10 us more a step.
         self._free: list[torch.cuda.Event] = []
 
     def begin(self, stream: torch.cuda.Stream) -> None:
+        self._begun = time.perf_counter()
         if self._origin is None:  # the times of all steps are taken from this event
             self._origin = torch.cuda.Event(enable_timing=True)
             self._origin.record(stream)
@@ -60,19 +95,24 @@ class StepTimeline:
         self._start.record(stream)
         self._window = self.share.window
 
-    def end(self, stream: torch.cuda.Stream) -> None:
+    def end(self, stream: torch.cuda.Stream, key: Hashable | None) -> float | None:
+        """Closes the step begun last, of configuration `key` (None: not to forecast); returns its
+        forecast end (see FinishForecast)."""
         end = self._event()
         end.record(stream)
-        self._pending.append((self._start, end, self._window))
+        self._pending.append((self._start, end, self._window, key))
         self._collect()
+        return self.finish.forecast(key, self._begun)
 
     def _event(self) -> torch.cuda.Event:
         return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
 
     def _collect(self) -> None:
         while self._pending and self._pending[0][1].query():
-            start, end, window = self._pending.popleft()
-            self.share.add(self._origin.elapsed_time(start), self._origin.elapsed_time(end), window)
+            start, end, window, key = self._pending.popleft()
+            start_ms, end_ms = self._origin.elapsed_time(start), self._origin.elapsed_time(end)
+            self.share.add(start_ms, end_ms, window)
+            self.finish.add(key, (end_ms - start_ms) / 1000)
             self._free += (start, end)
 
     def take_idle_fraction(self) -> float | None:

@@ -3,6 +3,8 @@ also after a larger batch left its data in the static buffers; the fidelity chec
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -105,3 +107,31 @@ def test_lazy_tensor_copies_after_the_work_on_its_own_stream_and_leaves_the_curr
         assert not lazy.ready()
     expected = (np.arange(4096, dtype=np.float32) * 6).reshape(8, 512)
     np.testing.assert_array_equal(lazy.wait(), expected)
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_lazy_tensor_waits_for_its_values_whatever_the_forecast_said(early: bool) -> None:
+    values = torch.ones(4, 256, device="cuda")
+    copies = torch.cuda.Stream()
+    rose.LazyTensor.from_device(values, copies).wait()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work before the values change
+    values.mul_(5)
+    lazy = rose.LazyTensor.from_device(values, copies)
+    # A forecast far too early (the waiter polls, then blocks) or a little late (it sleeps past).
+    lazy.ready_at = time.perf_counter() + (-1.0 if early else 0.01)
+    np.testing.assert_array_equal(lazy.wait(), np.full((4, 256), 5, dtype=np.float32))
+
+
+def test_engine_forecasts_the_end_of_replays_once_one_replay_finished() -> None:
+    engine = rose.Engine(device="cuda", cuda_graphs="lazy", verify=False)
+    cu = np.arange(0, 151, 50, dtype=np.int32)  # 3 x 50 tokens: a bucket that start-up did not run
+    ids = np.full(150, 1000, dtype=np.int32)
+    ahead = []  # each forecast, from the step's call
+    for _ in range(6):
+        called = time.perf_counter()
+        lazy = engine.step(ids, cu)
+        ahead.append(None if lazy.ready_at is None else lazy.ready_at - called)
+        lazy.wait()
+    # Eager, capture, first replay: nothing to forecast from (a replay's span is collected when
+    # the next step is closed); then a forecast a replay's time ahead.
+    assert ahead[:3] == [None, None, None] and all(a is not None and 0 < a < 0.1 for a in ahead[3:])
