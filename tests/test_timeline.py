@@ -45,26 +45,28 @@ def test_no_forecast_before_a_step_of_the_configuration_finished() -> None:
     finish = FinishForecast()
     finish.add((64, 1), 0.002)
     finish.add(None, 0.001)  # a step not to forecast from
-    assert finish.forecast((16, 1), begun=10.0) is None
-    assert finish.forecast(None, begun=10.0) is None
+    assert finish.forecast((16, 1), begun=10.0, queued=False) is None
+    assert finish.forecast(None, begun=10.0, queued=False) is None
 
 
 def test_a_forecast_takes_the_shortest_recent_span_of_its_configuration() -> None:
     finish = FinishForecast(keep=3)
     for span in (0.050, 0.001, 0.0012):  # the first run, eager, then replays
         finish.add((16, 1), span)
-    assert finish.forecast((16, 1), begun=10.0) == pytest.approx(10.001)
+    assert finish.forecast((16, 1), begun=10.0, queued=False) == pytest.approx(10.001)
     for span in (0.003, 0.003, 0.003):  # the GPU got slower: the short spans age out
         finish.add((16, 1), span)
-    assert finish.forecast((16, 1), begun=20.0) == pytest.approx(20.003)
+    assert finish.forecast((16, 1), begun=20.0, queued=False) == pytest.approx(20.003)
 
 
-def test_a_step_begun_while_the_previous_one_runs_ends_after_it() -> None:
+def test_a_step_queued_behind_the_previous_one_ends_after_it() -> None:
     finish = FinishForecast()
     finish.add((16, 1), 0.001)
     finish.add((256, 8), 0.004)
-    assert finish.forecast((256, 8), begun=10.0) == pytest.approx(10.004)
-    assert finish.forecast((16, 1), begun=10.0005) == pytest.approx(10.005)
+    assert finish.forecast((256, 8), begun=10.0, queued=False) == pytest.approx(10.004)
+    assert finish.forecast((16, 1), begun=10.0005, queued=True) == pytest.approx(10.005)
+    # The previous step was done (it ended before its forecast): this one starts at once.
+    assert finish.forecast((16, 1), begun=10.0045, queued=False) == pytest.approx(10.0055)
     # Unknown configurations break the chain: the next forecast counts from its own begin.
-    assert finish.forecast((512, 8), begun=10.001) is None
-    assert finish.forecast((16, 1), begun=10.002) == pytest.approx(10.003)
+    assert finish.forecast((512, 8), begun=10.006, queued=True) is None
+    assert finish.forecast((16, 1), begun=10.007, queued=True) == pytest.approx(10.008)

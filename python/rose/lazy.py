@@ -13,10 +13,15 @@ import torch
 # A waiter with a forecast end sleeps until a little before it, then looks every few us, for a
 # while, before it falls back to the blocking wait. Woken by the GPU's interrupt from a sleeping
 # core, a blocking wait returned about 0.1 ms later than a spinning one on the H200; waking just
-# before the end keeps that off the result's path without spinning through the step.
-_WAKE_EARLY_S = 30e-6
+# before the end keeps that off the result's path without spinning through the step. Both margins
+# grow with the time left: a longer sleep wakes later (a deeper idle state), and a longer step's
+# end varies more; the early one is capped, or a long batch's waiter would poll for milliseconds.
+_WAKE_EARLY = 0.15  # of the time left at the call
+_WAKE_EARLY_MIN_S = 30e-6
+_WAKE_EARLY_MAX_S = 200e-6
+_POLL_FOR = 0.25  # past the forecast end, of the time left at the call
+_POLL_FOR_S = 100e-6  # at least
 _POLL_S = 5e-6
-_POLL_FOR_S = 100e-6
 _PR_SET_TIMERSLACK = 29
 _thread = threading.local()
 
@@ -71,11 +76,14 @@ class LazyTensor:
         return self._done is None or self._done.query()
 
     def wait(self) -> np.ndarray:
-        """Blocks until the values are on the host; returns them (float32 [rows, dim])."""
+        """Blocks until the values are on the host; returns them (float32 [rows, dim]). With a
+        forecast end (ready_at), sleeps until just before it and polls a while first."""
         done = self._done
         if done is not None and self.ready_at is not None and not done.query():
-            _sleep(self.ready_at - _WAKE_EARLY_S - time.perf_counter())
-            give_up = self.ready_at + _POLL_FOR_S
+            left = self.ready_at - time.perf_counter()
+            early = min(max(_WAKE_EARLY * left, _WAKE_EARLY_MIN_S), _WAKE_EARLY_MAX_S)
+            _sleep(left - early)
+            give_up = self.ready_at + max(_POLL_FOR * left, _POLL_FOR_S)
             while not done.query() and time.perf_counter() < give_up:
                 _sleep(_POLL_S)
         if done is not None:

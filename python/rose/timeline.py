@@ -60,14 +60,14 @@ class FinishForecast:
         if key is not None:
             self._spans.setdefault(key, deque(maxlen=self._keep)).append(span)
 
-    def forecast(self, key: Hashable | None, begun: float) -> float | None:
-        """The end of a step of `key` begun at `begun`; None for key None, or before any step of
-        `key` finished."""
+    def forecast(self, key: Hashable | None, begun: float, queued: bool) -> float | None:
+        """The end of a step of `key` begun at `begun`, `queued` behind earlier steps still on the
+        GPU (else it starts at once); None for key None, or before any step of `key` finished."""
         spans = self._spans.get(key) if key is not None else None
         if not spans:
             self._busy_until = 0.0  # unknown: the next step's forecast starts from its own begin
             return None
-        self._busy_until = max(begun, self._busy_until) + min(spans)
+        self._busy_until = (max(begun, self._busy_until) if queued else begun) + min(spans)
         return self._busy_until
 
 
@@ -102,7 +102,7 @@ class StepTimeline:
         end.record(stream)
         self._pending.append((self._start, end, self._window, key))
         self._collect()
-        return self.finish.forecast(key, self._begun)
+        return self.finish.forecast(key, self._begun, queued=len(self._pending) > 1)
 
     def _event(self) -> torch.cuda.Event:
         return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
