@@ -226,8 +226,8 @@ class Engine:
         # The step's GPU work starts once the host has it enqueued, so the timeline begins after
         # the host's wait: if the host is late, the GPU's wait shows as idle, not as busy.
         self._inputs.wait_free()
-        key = bucket(tokens, sequences, self.smallest_bucket)
         self._timeline.begin(self._stream)
+        key = bucket(tokens, sequences, self.smallest_bucket)
         bound = min(key[0], max(self.max_input_length, 256))
         fits = key[0] <= self._inputs.max_tokens and key[1] <= self._inputs.max_sequences
         # Only replays' ends are forecast: an eager run's span (JIT, kernel loads on a first hit)

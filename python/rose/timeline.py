@@ -44,10 +44,10 @@ class IdleShare:
 
 class FinishForecast:
     """When a step just enqueued should be done, in time.perf_counter() seconds: from when it was
-    begun (or the previous step's forecast end, if later) plus the shortest span of the last few
-    finished steps of its configuration. The shortest, because a late forecast makes its waiter
-    sleep past the end while an early one only makes it poll a little longer (a step's span also
-    holds the host's lateness in enqueuing it)."""
+    begun (or, queued behind steps still running, the previous step's forecast end if later) plus
+    the shortest span of the last few finished steps of its configuration. The shortest, because
+    a late forecast makes its waiter sleep past the end while an early one only makes it poll a
+    little longer (a step's span also holds the host's lateness in enqueuing it)."""
 
     def __init__(self, keep: int = 8) -> None:
         self._keep = keep
