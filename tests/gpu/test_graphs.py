@@ -109,16 +109,17 @@ def test_lazy_tensor_copies_after_the_work_on_its_own_stream_and_leaves_the_curr
     np.testing.assert_array_equal(lazy.wait(), expected)
 
 
-@pytest.mark.parametrize("early", [True, False])
-def test_lazy_tensor_waits_for_its_values_whatever_the_forecast_said(early: bool) -> None:
+@pytest.mark.parametrize("long_past", [True, False])
+def test_lazy_tensor_waits_for_its_values_whatever_the_forecast_said(long_past: bool) -> None:
     values = torch.ones(4, 256, device="cuda")
     copies = torch.cuda.Stream()
     rose.LazyTensor.from_device(values, copies).wait()
     torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work before the values change
     values.mul_(5)
     lazy = rose.LazyTensor.from_device(values, copies)
-    # A forecast far too early (the waiter polls, then blocks) or a little late (it sleeps past).
-    lazy.ready_at = time.perf_counter() + (-1.0 if early else 0.01)
+    # Forecasts well before the values: one long past (the waiter does not sleep, looks, then
+    # blocks) and one 10 ms ahead of the 0.1 s of work (it sleeps, polls, then blocks).
+    lazy.ready_at = time.perf_counter() + (-1.0 if long_past else 0.01)
     np.testing.assert_array_equal(lazy.wait(), np.full((4, 256), 5, dtype=np.float32))
 
 
