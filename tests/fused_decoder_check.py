@@ -51,7 +51,7 @@ for causal in (True, False):
     assert decoder.o_cols < cfg["hidden_size"] and decoder.down.split > 1
     assert decoder.gate_up.tile > decoder.gate_up.cols
     decoder.programs = 1
-    assert decoder.describe() == {"max_tokens": 16, "programs": 1, "block_k": 32}
+    assert decoder.describe() == {"kernel": "triton", "max_tokens": 16, "programs": 1, "block_k": 32}
     for lengths in ([1], [5, 11], [3, 2, 7]):
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         tokens = int(cu[-1])

@@ -22,6 +22,9 @@ QWEN3_SHAPES = {
     # Qwen3-Embedding-0.6B.
     "0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                  intermediate_size=3072, vocab_size=151669, max_position_embeddings=32768),
+    # Its widths in two layers: the sizes rose.cuda_decoder takes, quick to write.
+    "0.6b-2l": dict(hidden_size=1024, num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
+                    head_dim=128, intermediate_size=3072, vocab_size=151669, max_position_embeddings=32768),
 }  # fmt: skip
 
 
@@ -61,7 +64,7 @@ def save_qwen3(folder: Path, shape: str, bidirectional: bool, prefix: str = "", 
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
-    if shape == "0.6b":  # stored in bfloat16, as Qwen3-Embedding-0.6B is published (1.2 GB, not 2.4)
+    if shape.startswith("0.6b"):  # stored in bfloat16, as Qwen3-Embedding-0.6B is published (1.2 GB, not 2.4)
         model = model.to(torch.bfloat16)
     extra: dict = {"use_bidirectional_attention": True} if bidirectional else {}
     if top_level_rope:  # as Qwen3-Embedding's config.json has it

@@ -1,5 +1,6 @@
 """The few CUDA driver calls that a server's start makes before torch is imported (rose.prestart),
-through ctypes: each call lets go of the GIL while it runs. Nothing here imports torch."""
+and the loading and launching of rose's own CUDA kernels (rose.cuda_decoder), through ctypes: each
+call lets go of the GIL while it runs. Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 _NON_BLOCKING_STREAM = 1
 _EVENT_DISABLE_TIMING = 2
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 class CudaError(RuntimeError):
@@ -89,6 +91,23 @@ class CudaDriver:
 
     def wait(self, event: int) -> None:
         self._call("cuEventSynchronize", ctypes.c_void_p(event))
+
+    def load_function(self, cubin: bytes, name: str, shared: int) -> int:
+        """The kernel `name` of a cubin, allowed `shared` bytes of dynamic shared memory."""
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        self._call("cuModuleLoadData", ctypes.byref(module), cubin)
+        self._call("cuModuleGetFunction", ctypes.byref(function), module, name.encode())
+        self._call("cuFuncSetAttribute", function, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
+        return function.value or 0
+
+    def launch(self, function: int, grid: int, block: int, shared: int, stream: int, args: list) -> None:
+        """Enqueues a kernel on `stream` (recorded when the stream is capturing a graph); `args` are
+        ctypes values in the kernel's parameter order."""
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(arg), ctypes.c_void_p) for arg in args])
+        self._call(
+            "cuLaunchKernel", ctypes.c_void_p(function), grid, 1, 1, block, 1, 1, shared, ctypes.c_void_p(stream),
+            params, None,
+        )  # fmt: skip
 
     def destroy(self, stream: int, events: list[int]) -> None:
         for event in events:

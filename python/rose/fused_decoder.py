@@ -21,7 +21,6 @@ each hold part of the SMs and wait for each other; an engine runs its steps on o
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +29,7 @@ import triton.language as tl
 
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
+from rose.stacked_layers import stack_layers
 from rose.triton_kernels import norm_rope_attend
 
 MAX_TOKENS = 16
@@ -263,12 +263,12 @@ class FusedDecoder:
         tasks = [self.qkv.tasks(n_qkv), self.heads * -(-self.hidden // self.o_cols), self.gate_up.tasks(self.inter),
                  self.down.tasks(self.hidden)]  # fmt: skip
         self.programs = min(programs, max(tasks))
-        self.stacks = {name: _stack_into(layers, name) for name in _LAYER_TENSORS}
+        self.stacks = stack_layers(layers)
         self.barrier = torch.zeros(2, dtype=torch.int32, device=device)
 
     def describe(self) -> dict:
         """For /info: which batches take the kernel, and how it is cut."""
-        return {"max_tokens": MAX_TOKENS, "programs": self.programs, "block_k": self.block_k}
+        return {"kernel": "triton", "max_tokens": MAX_TOKENS, "programs": self.programs, "block_k": self.block_k}
 
     def __call__(self, x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor) -> None:
         """Runs every layer on the embeddings x [tokens, hidden] float32, in place."""
@@ -291,36 +291,3 @@ class FusedDecoder:
             DOWN_TILE=self.down.tile, DOWN_SPLIT=self.down.split, BK=self.block_k, GRID=self.programs,
             num_warps=self.num_warps,
         )  # fmt: skip
-
-
-# Each layer tensor the kernel reads: the attribute of rose.models.qwen3._Layer, then of its Linear.
-_LAYER_TENSORS = {
-    "input_norm": ("input_norm",),
-    "qkv": ("qkv", "weight"),
-    "q_norm": ("q_norm",),
-    "k_norm": ("k_norm",),
-    "o": ("o", "weight"),
-    "post_norm": ("post_norm",),
-    "gate_up": ("gate_up", "weight"),
-    "down": ("down", "weight"),
-}
-
-
-def _stack_into(layers: list, name: str) -> torch.Tensor:
-    """One tensor [layers, ...] of the layers' `name` tensors; each layer's becomes a view of it."""
-    path = _LAYER_TENSORS[name]
-
-    def owner(layer: object) -> object:  # the object that holds the tensor
-        for attr in path[:-1]:
-            layer = getattr(layer, attr)
-        return layer
-
-    stack = torch.stack([getattr(owner(layer), path[-1]) for layer in layers])
-    for layer, view in zip(layers, stack, strict=True):
-        setattr(owner(layer), path[-1], view)
-    return stack
-
-
-def enabled() -> bool:
-    """ROSE_FUSED_DECODER=0 turns the fused decoder off (for comparisons)."""
-    return os.environ.get("ROSE_FUSED_DECODER", "1") != "0"

@@ -1,6 +1,7 @@
-"""rose.fused_decoder on the GPU: a Qwen3 whose short batches take the one-launch layers matches
-the float32 reference and the layer-by-layer path, eagerly and through graph replays (also after
-larger batches left their data in the buffers), and its grid barrier is left at zero."""
+"""The one-launch decoders on the GPU (rose.fused_decoder's Triton kernel, rose.cuda_decoder's CUDA
+one): a Qwen3 whose short batches take them matches the float32 reference and the layer-by-layer
+path, eagerly and through graph replays (also after larger batches left their data in the
+buffers), and the kernel's grid barrier is left at zero."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_fused_layers_match_the_reference_and_the_layer_by_layer_path(tmp_path, 
     plain = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
     assert fused.model.fused is not None and plain.model.fused is None
     assert fused.stats()["fused_decoder"]["max_tokens"] == 16 and plain.stats()["fused_decoder"] is None
+    assert fused.stats()["fused_decoder"]["kernel"] == "triton"  # the CUDA one does not take these sizes
     rng = np.random.default_rng(5)
     # Batches of 16 tokens or fewer take the kernel (graphs of a 16-token bucket), longer ones the
     # layer-by-layer path.
@@ -49,3 +51,30 @@ def test_fused_layers_match_the_reference_and_the_layer_by_layer_path(tmp_path, 
     assert fused.stats()["cuda_graphs"]["replays"] > 0
     assert any(tokens == 16 for tokens, _ in fused.graphs.graphs) and any(t > 16 for t, _ in fused.graphs.graphs)
     assert not fused.model.fused.barrier.any()
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_cuda_decoder_matches_the_reference_and_the_triton_decoder(tmp_path, monkeypatch, bidirectional: bool):
+    """At Qwen3-0.6B's widths (two layers), the sizes the CUDA kernel takes."""
+    folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=bidirectional)
+    cuda = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
+    cuda_eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
+    monkeypatch.setenv("ROSE_FUSED_DECODER", "triton")
+    triton = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
+    monkeypatch.setenv("ROSE_FUSED_DECODER", "0")
+    plain = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
+    assert cuda.stats()["fused_decoder"]["kernel"] == "cuda" and triton.stats()["fused_decoder"]["kernel"] == "triton"
+    rng = np.random.default_rng(7)
+    batches = short_batches(rng, 8, max_sequences=4, max_length=5) + short_batches(rng, 4, 2, 17)
+    for sequences in batches:
+        expected = fidelity.reference(plain, sequences)
+        got = cuda.embed_ids(sequences)
+        worst = {
+            "cuda vs float32": cosines(got, expected).min(),
+            "cuda vs triton": cosines(got, triton.embed_ids(sequences)).min(),
+            "cuda vs layer-by-layer": cosines(got, plain.embed_ids(sequences)).min(),
+        }
+        assert min(worst.values()) >= 0.999, worst
+        assert cosines(got, cuda_eager.embed_ids(sequences)).min() >= 0.9999
+    assert cuda.stats()["cuda_graphs"]["replays"] > 0
+    assert not cuda.model.fused.barrier.any()

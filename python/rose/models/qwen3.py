@@ -4,6 +4,8 @@ pplx-embed (`use_bidirectional_attention`, mean pooling)."""
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,7 +17,10 @@ from rose.batch import RaggedBatch
 from rose.layers import Linear, Weights
 
 if TYPE_CHECKING:
+    from rose.cuda_decoder import CudaDecoder
     from rose.fused_decoder import FusedDecoder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,18 +95,28 @@ class Qwen3:
 
     def _fused_decoder(
         self, dtype: torch.dtype, matmul_dtype: torch.dtype, device: torch.device
-    ) -> FusedDecoder | None:
-        """The layers as one launch for short batches, on a GPU in 16-bit, where Triton runs."""
+    ) -> CudaDecoder | FusedDecoder | None:
+        """The layers as one launch for short batches, on a GPU in 16-bit: the CUDA kernel where it
+        fits (Qwen3-0.6B's sizes on Hopper), else the Triton one where Triton runs.
+        ROSE_FUSED_DECODER=0 turns both off, =triton the CUDA one (for comparisons)."""
+        choice = os.environ.get("ROSE_FUSED_DECODER", "auto")
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or matmul_dtype != dtype:
             return None
+        if choice == "0" or torch.cuda.get_device_capability(device) < (8, 0):
+            return None
+        if choice != "triton":
+            from rose import cuda_decoder, nvrtc
+
+            try:
+                return cuda_decoder.CudaDecoder(self.layers, self.attention_spec, self.eps, device)
+            except (ValueError, nvrtc.NvrtcError) as why:
+                log.info("short batches take the Triton decoder: %s", why)
         tr = kernels.triton_kernels()
         # Its attention is norm_rope_attention's, with the same limits on the head dim.
         if tr is None or not tr.fits_norm_rope_attention(self.attention_spec.head_dim):
             return None
         from rose import fused_decoder
 
-        if not fused_decoder.enabled() or torch.cuda.get_device_capability(device) < (8, 0):
-            return None
         try:
             return fused_decoder.FusedDecoder(self.layers, self.attention_spec, self.eps, device)
         except ValueError:

@@ -1,0 +1,603 @@
+// Qwen3's decoder layers for a batch of at most 16 tokens in one persistent launch of GRID blocks
+// (one an SM), compiled at run time by NVRTC (rose.nvrtc) with the model's sizes as macros:
+//   HID, INTER, HQ, HK, D, NLAYERS, CAUSAL, GRID, STAGES, FP16 (0: bfloat16).
+// rose.cuda_decoder.fits() says which sizes it takes (Qwen3-0.6B's, with GRID = HID / 8 = 128).
+//
+// A 16-token query is bound by reading the weights (881 MB for Qwen3-0.6B, 0.2 ms at the H200's
+// bandwidth) and by the chain of phases, four a layer, that meet at grid-wide barriers. So the
+// blocks are warp-specialized: warp 8 (the producer) streams the block's weight chunks for every
+// layer, in the order they are used, through a ring of STAGES 16 KB shared-memory slots with TMA
+// bulk copies (cp.async.bulk; an mbarrier a slot counts the bytes in). It waits only for a free
+// slot, never at a grid barrier, so the next phases' weights travel while warps 0-7 (the
+// consumers) wait there.
+//
+// What block b computes each phase (its weight chunks: 8 rows x HID, or O_ROWS rows x D for O):
+//   QKV      columns [b*QC, (b+1)*QC) of q, k, v; the input RMSNorm folded in as
+//            rstd * ((x * g) @ W)
+//   attn+O   head b / O_BLOCKS (QK-norm, RoPE, softmax over the block-diagonal mask) times O's
+//            output columns [(b % O_BLOCKS) * ORB, +ORB), added into x by atomics (the heads share
+//            x's columns)
+//   gate-up  GC intermediate columns: for each 8, a chunk of gate rows and one of up rows, then
+//            SiLU(gate) * up
+//   down     x's columns [b*8, b*8 + 8) over all of INTER, added into x
+// The products are mma.sync m16n8k16 (16 tokens fill its M). Their A operand stays in registers:
+// warp w takes the slice [w*HID/8, (w+1)*HID/8) of the inner dimension, and the warps' partial sums
+// (and the RMSNorm's squares) are added up in shared memory. Each thread reads 8 consecutive k of a
+// row (one 16-byte load) for A and B alike, an order of k that the dot product does not mind.
+// Values are rounded to 16 bits where the layer-by-layer path stores 16-bit tensors.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define ROWS 16
+#define WARPS 8
+#define CONSUMERS (WARPS * 32)
+#define THREADS (CONSUMERS + 32)
+#define SLOT 16384
+#define QD (HQ * D)
+#define NQKV ((HQ + 2 * HK) * D)
+#define STEPS (HID / 256)  // k-steps of 32 a warp's slice takes
+#define QC (NQKV / GRID)
+#define QKV_CHUNKS (QC / 8)
+#define O_BLOCKS (GRID / HQ)
+#define ORB (HID / O_BLOCKS)
+#define O_ROWS (SLOT / 2 / D)
+#define O_CHUNKS (ORB / O_ROWS)
+#define GC (INTER / GRID)
+#define GU_CHUNKS (2 * GC / 8)
+#define DOWN_CHUNKS (INTER / HID)
+#define PER_LAYER (QKV_CHUNKS + O_CHUNKS + GU_CHUNKS + DOWN_CHUNKS)
+#define MAX_CHUNKS (QKV_CHUNKS > GU_CHUNKS ? QKV_CHUNKS : GU_CHUNKS)
+
+#if FP16
+#define MMA_TYPE "f16"
+#else
+#define MMA_TYPE "bf16"
+#endif
+
+__device__ __forceinline__ float to_f32(u16 h) {
+#if FP16
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return __uint_as_float(((u32)h) << 16);
+#endif
+}
+
+__device__ __forceinline__ u16 to_16(float f) {
+    u16 h;
+#if FP16
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+#else
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+#endif
+    return h;
+}
+
+__device__ __forceinline__ float round16(float f) { return to_f32(to_16(f)); }
+
+__device__ __forceinline__ u32 pack(float lo, float hi) { return (u32)to_16(lo) | ((u32)to_16(hi) << 16); }
+
+__device__ __forceinline__ uint4 load_cg4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float4 load_cg4f(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u16 load_cg16(const u16* p) {
+    u16 v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+// c += A B for one m16n8k16 product, fragments as the PTX manual lays them out.
+__device__ __forceinline__ void mma_raw(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma(float c[4], uint4 a_lo, uint4 a_hi, uint4 b, bool second) {
+    u32 a0 = second ? a_lo.z : a_lo.x, a1 = second ? a_hi.z : a_hi.x;
+    u32 a2 = second ? a_lo.w : a_lo.y, a3 = second ? a_hi.w : a_hi.y;
+    u32 b0 = second ? b.z : b.x, b1 = second ? b.w : b.y;
+    mma_raw(c, a0, a1, a2, a3, b0, b1);
+}
+
+// The consumers' own barrier (the producer warp never joins it).
+__device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+struct Weights {
+    const u16 *qkv, *o, *gu, *down;
+};
+
+// The producer: every chunk of the block, in the order the consumers take them.
+__device__ void produce(const Weights& w, unsigned char* slots, unsigned long long* full, unsigned long long* empty) {
+    int lane = threadIdx.x & 31, b = blockIdx.x;
+    for (int j = 0; j < PER_LAYER * NLAYERS; j++) {
+        int slot = j % STAGES, fill = j / STAGES;
+        if (fill > 0) mbar_wait(empty + slot, (fill - 1) & 1);
+        if (lane == 0) mbar_expect(full + slot, SLOT);
+        __syncwarp();
+        unsigned char* dst = slots + slot * SLOT;
+        int layer = j / PER_LAYER, r = j % PER_LAYER;
+        if (r < QKV_CHUNKS) {
+            if (lane == 0) bulk_copy(dst, w.qkv + (long)layer * NQKV * HID + (long)(b * QC + r * 8) * HID, SLOT, full + slot);
+        } else if ((r -= QKV_CHUNKS) < O_CHUNKS) {
+            int head = b / O_BLOCKS, row0 = (b % O_BLOCKS) * ORB + r * O_ROWS;
+            const u16* src = w.o + (long)layer * HID * QD + (long)row0 * QD + head * D;
+            for (int row = lane; row < O_ROWS; row += 32) bulk_copy(dst + row * D * 2, src + (long)row * QD, D * 2, full + slot);
+        } else if ((r -= O_CHUNKS) < GU_CHUNKS) {
+            int row0 = (r % 2) * INTER + b * GC + (r / 2) * 8;
+            if (lane == 0) bulk_copy(dst, w.gu + (long)layer * 2 * INTER * HID + (long)row0 * HID, SLOT, full + slot);
+        } else {
+            r -= GU_CHUNKS;
+            const u16* src = w.down + (long)layer * HID * INTER + (long)(b * 8) * INTER + r * HID;
+            if (lane < 8) bulk_copy(dst + lane * HID * 2, src + (long)lane * INTER, HID * 2, full + slot);
+        }
+    }
+}
+
+// The consumers' side of the ring.
+struct Ring {
+    unsigned char* slots;
+    unsigned long long *full, *empty;
+    int next;
+
+    // The next chunk, once it has landed.
+    __device__ __forceinline__ const unsigned char* acquire() {
+        mbar_wait(full + next % STAGES, (next / STAGES) & 1);
+        return slots + (next % STAGES) * SLOT;
+    }
+
+    // The warp is done reading the chunk.
+    __device__ __forceinline__ void release() {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(empty + next % STAGES);
+        next++;
+    }
+};
+
+// Every block's consumers meet here; `epoch` counts the launch's barriers from 1. (One flag a
+// block, each thread t < GRID waiting for block t's, was slower: 0.84 against 0.68 ms.)
+__device__ void grid_sync(unsigned* bar, unsigned epoch) {
+    cbar();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+        unsigned seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(bar) : "memory");
+        } while (seen < epoch * GRID);
+    }
+    cbar();
+}
+
+// The warp's slice of A = x * g (rows past n zero) in the mma's order: lo[s], hi[s] are 8 k of
+// rows g and g + 8 at unit (warp * 4 * STEPS + 4 * s + q); the slice's squares of x per row go to
+// sq[warp * 16 + row].
+__device__ __forceinline__ void load_normed(const float* x, const u16* gain, uint4 lo[STEPS], uint4 hi[STEPS],
+                                            float* sq, int n) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    float4 v[STEPS][4];
+    uint4 gw[STEPS];
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        int unit = warp * 4 * STEPS + 4 * s + q;
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        v[s][0] = g < n ? load_cg4f(x + g * HID + unit * 8) : zero;
+        v[s][1] = g < n ? load_cg4f(x + g * HID + unit * 8 + 4) : zero;
+        v[s][2] = g + 8 < n ? load_cg4f(x + (g + 8) * HID + unit * 8) : zero;
+        v[s][3] = g + 8 < n ? load_cg4f(x + (g + 8) * HID + unit * 8 + 4) : zero;
+        gw[s] = *(const uint4*)(gain + unit * 8);
+    }
+    float sq_lo = 0.f, sq_hi = 0.f;
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        float a[8] = {v[s][0].x, v[s][0].y, v[s][0].z, v[s][0].w, v[s][1].x, v[s][1].y, v[s][1].z, v[s][1].w};
+        float c[8] = {v[s][2].x, v[s][2].y, v[s][2].z, v[s][2].w, v[s][3].x, v[s][3].y, v[s][3].z, v[s][3].w};
+        u32 gs[4] = {gw[s].x, gw[s].y, gw[s].z, gw[s].w}, ol[4], oh[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float g0 = to_f32(gs[k] & 0xffff), g1 = to_f32(gs[k] >> 16);
+            sq_lo += a[2 * k] * a[2 * k] + a[2 * k + 1] * a[2 * k + 1];
+            sq_hi += c[2 * k] * c[2 * k] + c[2 * k + 1] * c[2 * k + 1];
+            ol[k] = pack(a[2 * k] * g0, a[2 * k + 1] * g1);
+            oh[k] = pack(c[2 * k] * g0, c[2 * k + 1] * g1);
+        }
+        lo[s] = make_uint4(ol[0], ol[1], ol[2], ol[3]);
+        hi[s] = make_uint4(oh[0], oh[1], oh[2], oh[3]);
+    }
+    sq_lo += __shfl_xor_sync(0xffffffffu, sq_lo, 1);
+    sq_lo += __shfl_xor_sync(0xffffffffu, sq_lo, 2);
+    sq_hi += __shfl_xor_sync(0xffffffffu, sq_hi, 1);
+    sq_hi += __shfl_xor_sync(0xffffffffu, sq_hi, 2);
+    if (q == 0) sq[warp * 16 + g] = sq_lo, sq[warp * 16 + g + 8] = sq_hi;
+}
+
+// The warp's slice of act[:, k0 : k0 + HID] in the mma's order (rows past n zero).
+__device__ __forceinline__ void load_rows(const u16* act, int k0, uint4 lo[STEPS], uint4 hi[STEPS], int n) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        int unit = warp * 4 * STEPS + 4 * s + q;
+        lo[s] = g < n ? load_cg4(act + g * INTER + k0 + unit * 8) : make_uint4(0, 0, 0, 0);
+        hi[s] = g + 8 < n ? load_cg4(act + (g + 8) * INTER + k0 + unit * 8) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// c += the warp's slice of A times a chunk of 8 weight rows over HID (row-major in the slot).
+__device__ __forceinline__ void chunk_product(float c[4], const uint4 lo[STEPS], const uint4 hi[STEPS],
+                                              const unsigned char* w) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        int unit = warp * 4 * STEPS + 4 * s + q;
+        uint4 b = *(const uint4*)(w + g * HID * 2 + unit * 16);
+        mma(c, lo[s], hi[s], b, false);
+        mma(d, lo[s], hi[s], b, true);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) c[i] += d[i];
+}
+
+// c[k] = the warp's slice of A times the ring's next NCH chunks, which it releases. One chunk at a
+// time: waiting for all of them first, to interleave their products, was slower (0.68 ms against
+// 0.64).
+template <int NCH>
+__device__ __forceinline__ void phase_products(float c[NCH][4], const uint4 lo[STEPS], const uint4 hi[STEPS], Ring& ring) {
+#pragma unroll
+    for (int k = 0; k < NCH; k++) {
+        c[k][0] = c[k][1] = c[k][2] = c[k][3] = 0.f;
+        chunk_product(c[k], lo, hi, ring.acquire());
+        ring.release();
+    }
+}
+
+// Element e < 128 of a warp's [16, 8] product: its row and column.
+__device__ __forceinline__ int element_row(int e) { return (e >> 4) + 8 * ((e >> 1) & 1); }
+__device__ __forceinline__ int element_col(int e) { return 2 * ((e >> 2) & 3) + (e & 1); }
+
+// The sum over warps of element e of chunk `chunk`'s partial products.
+__device__ __forceinline__ float reduce(const float* red, int chunk, int e) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) sum += red[(chunk * WARPS + w) * 128 + e];
+    return sum;
+}
+
+__device__ __forceinline__ float rstd_of(const float* sq, int row, float eps) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) sum += sq[w * 16 + row];
+    return rsqrtf(sum / HID + eps);
+}
+
+// A row of `units` 16-byte units in shared memory, odd rows' units swapped in fours (no conflicts).
+__device__ __forceinline__ int unit_at(int row, int unit, int units) {
+    return (row * units + (unit ^ ((row & 1) << 2))) * 16;
+}
+
+__device__ __forceinline__ uint4 lds4(const unsigned char* base, int row, int unit, int units) {
+    return *(const uint4*)(base + unit_at(row, unit, units));
+}
+
+#define PER (D / 64)            // rotation pairs (k, k + D / 2) a lane takes, k = lane + 32 i
+#define VSTRIDE (D * 2 + 16)    // bytes of a row of v: ldmatrix's 8 rows fall on distinct banks
+
+// What a thread's part of the attention needs from outside the layer, loaded once a launch: the
+// rotation of its rows (warp, warp + 8) and the mask of its scores (rows g, g + 8; keys 2q,
+// 2q + 1, 8 + 2q, 9 + 2q), bit 4 * r + k.
+struct AttnConsts {
+    float cos[2][PER], sin[2][PER];
+    unsigned mask;
+};
+
+__device__ AttnConsts attn_consts(const int* positions, const long long* seq_ids, const float* rope, int n) {
+    AttnConsts c;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = warp + 8 * r, position = row < n ? positions[row] : 0;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            c.cos[r][i] = rope[position * D + lane + 32 * i];
+            c.sin[r][i] = rope[position * D + D / 2 + lane + 32 * i];
+        }
+    }
+    c.mask = 0;
+    int keys[4] = {2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = g + 8 * r;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int key = keys[k];
+            bool seen = row < n && key < n && seq_ids[row] == seq_ids[key] && (!CAUSAL || key <= row);
+            c.mask |= (unsigned)seen << (4 * r + k);
+        }
+    }
+    return c;
+}
+
+// A layer's QK-norm weights for the thread's elements (k and k + D / 2, k = lane + 32 i).
+struct NormWeights {
+    u16 q[2 * PER], k[2 * PER];
+};
+
+__device__ __forceinline__ NormWeights norm_weights(const u16* q_norm, const u16* k_norm) {
+    NormWeights w;
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        w.q[i] = q_norm[lane + 32 * i], w.q[PER + i] = q_norm[D / 2 + lane + 32 * i];
+        w.k[i] = k_norm[lane + 32 * i], w.k[PER + i] = k_norm[D / 2 + lane + 32 * i];
+    }
+    return w;
+}
+
+__device__ __forceinline__ void st16(unsigned char* base, int row, int k, u16 v) {
+    *(u16*)(base + unit_at(row, k >> 3, D / 8) + (k & 7) * 2) = v;
+}
+
+// One head's attention output [16, D] as O's A operand in `a`, as the layer-by-layer path
+// computes it (q, k normed and rotated and rounded to 16 bits; the probabilities too). q and k go
+// to qs, ks and v to vs in 16 bits; then every warp computes the [16, 16] scores and softmax with
+// tensor-core products, and its D / 8 columns of P V.
+__device__ void attend(const u16* qkv, int head, const NormWeights& nw, const AttnConsts& ac, unsigned char* qs,
+                       unsigned char* ks, unsigned char* vs, unsigned char* a, int n, float eps, float scale) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x, g = lane >> 2, q = lane & 3;
+    int kv_head = head / (HQ / HK);
+    u16 raw[2][2][2 * PER];  // [q or k][row warp or warp + 8][first halves, second halves]
+#pragma unroll
+    for (int which = 0; which < 2; which++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = warp + 8 * r;
+            const u16* src = qkv + row * NQKV + (which ? QD + kv_head * D : head * D) + lane;
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                raw[which][r][i] = row < n ? load_cg16(src + 32 * i) : (u16)0;
+                raw[which][r][PER + i] = row < n ? load_cg16(src + D / 2 + 32 * i) : (u16)0;
+            }
+        }
+    int v_row = tid / (D / 8), v_unit = tid % (D / 8);
+    uint4 vraw = make_uint4(0, 0, 0, 0);
+    if (v_row < ROWS && v_row < n) vraw = load_cg4(qkv + v_row * NQKV + QD + (HK + kv_head) * D + v_unit * 8);
+#pragma unroll
+    for (int which = 0; which < 2; which++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = warp + 8 * r;
+            const u16* w = which ? nw.k : nw.q;
+            unsigned char* out = which ? ks : qs;
+            float squares = 0.f;
+#pragma unroll
+            for (int i = 0; i < 2 * PER; i++) squares += to_f32(raw[which][r][i]) * to_f32(raw[which][r][i]);
+            for (int offset = 16; offset; offset >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+            float norm = rsqrtf(squares / D + eps);
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                int k = lane + 32 * i;
+                float x1 = round16(to_f32(w[i]) * round16(to_f32(raw[which][r][i]) * norm));
+                float x2 = round16(to_f32(w[PER + i]) * round16(to_f32(raw[which][r][PER + i]) * norm));
+                float cos = ac.cos[r][i], sin = ac.sin[r][i];
+                st16(out, row, k, row < n ? to_16(x1 * cos - x2 * sin) : (u16)0);
+                st16(out, row, k + D / 2, row < n ? to_16(x2 * cos + x1 * sin) : (u16)0);
+            }
+        }
+    if (v_row < ROWS) *(uint4*)(vs + v_row * VSTRIDE + v_unit * 16) = vraw;
+    cbar();
+    // Scores [16, 16]: keys 0-7 in s0, 8-15 in s1 (two chains each).
+    float s0[4] = {0.f, 0.f, 0.f, 0.f}, s0b[4] = {0.f, 0.f, 0.f, 0.f};
+    float s1[4] = {0.f, 0.f, 0.f, 0.f}, s1b[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < D / 32; s++) {
+        uint4 lo = lds4(qs, g, s * 4 + q, D / 8), hi = lds4(qs, g + 8, s * 4 + q, D / 8);
+        uint4 k0 = lds4(ks, g, s * 4 + q, D / 8), k1 = lds4(ks, g + 8, s * 4 + q, D / 8);
+        mma(s0, lo, hi, k0, false), mma(s0b, lo, hi, k0, true);
+        mma(s1, lo, hi, k1, false), mma(s1b, lo, hi, k1, true);
+    }
+    // sc[r][k]: row g + 8 r, key (2q, 2q + 1, 8 + 2q, 9 + 2q)[k]
+    float sc[2][4] = {{s0[0] + s0b[0], s0[1] + s0b[1], s1[0] + s1b[0], s1[1] + s1b[1]},
+                      {s0[2] + s0b[2], s0[3] + s0b[3], s1[2] + s1b[2], s1[3] + s1b[3]}};
+    u32 pa[2][2];  // P's A fragment: [row g or g + 8][keys 2q.. or 8 + 2q..]
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float top = -1e30f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            sc[r][k] = (ac.mask >> (4 * r + k)) & 1 ? sc[r][k] * scale : -1e30f;  // finite: padding rows stay finite
+            top = fmaxf(top, sc[r][k]);
+        }
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+        float total = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) total += (sc[r][k] = __expf(sc[r][k] - top));
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        pa[r][0] = pack(sc[r][0] / total, sc[r][1] / total);
+        pa[r][1] = pack(sc[r][2] / total, sc[r][3] / total);
+    }
+    // P V for the warp's columns: n-tiles 2 warp and 2 warp + 1 (D / 8 = 16 tiles).
+    {
+        int mi = lane >> 3, key = (lane & 7) + 8 * (mi & 1), col = 16 * warp + 8 * (mi >> 1);
+        u32 b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(smem_addr(vs + key * VSTRIDE + col * 2)));
+        float o0[4] = {0.f, 0.f, 0.f, 0.f}, o1[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_raw(o0, pa[0][0], pa[1][0], pa[0][1], pa[1][1], b0, b1);
+        mma_raw(o1, pa[0][0], pa[1][0], pa[0][1], pa[1][1], b2, b3);
+        int t0 = 2 * warp, t1 = 2 * warp + 1;
+        *(u32*)(a + unit_at(g, t0, D / 8) + 4 * q) = pack(o0[0], o0[1]);
+        *(u32*)(a + unit_at(g + 8, t0, D / 8) + 4 * q) = pack(o0[2], o0[3]);
+        *(u32*)(a + unit_at(g, t1, D / 8) + 4 * q) = pack(o1[0], o1[1]);
+        *(u32*)(a + unit_at(g + 8, t1, D / 8) + 4 * q) = pack(o1[2], o1[3]);
+    }
+    cbar();
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positions, const long long* seq_ids,
+               const float* rope, unsigned* bar, const u16* in_norm, const u16* w_qkv, const u16* q_norm,
+               const u16* k_norm, const u16* w_o, const u16* post_norm, const u16* w_gu, const u16* w_down,
+               float eps, float scale) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* slots = smem;
+    unsigned long long* full = (unsigned long long*)(slots + STAGES * SLOT);
+    unsigned long long* empty = full + STAGES;
+    float* red = (float*)(empty + STAGES);         // [MAX_CHUNKS, WARPS, 128]
+    float* sq = red + MAX_CHUNKS * WARPS * 128;     // [WARPS, 16]
+    unsigned char* qs = (unsigned char*)(sq + WARPS * 16);  // [16, D] 16-bit, rows swizzled (unit_at)
+    unsigned char* ks = qs + ROWS * D * 2;
+    unsigned char* vs = ks + ROWS * D * 2;                  // [16, VSTRIDE bytes]
+    unsigned char* a = vs + ROWS * VSTRIDE;                 // O's A operand [16, D] 16-bit, swizzled
+
+    int tid = threadIdx.x, b = blockIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(full + s, 1), mbar_init(empty + s, WARPS);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid >= CONSUMERS) {
+        Weights w = {w_qkv, w_o, w_gu, w_down};
+        produce(w, slots, full, empty);
+        return;
+    }
+
+    int n = *count, warp = tid >> 5;
+    Ring ring = {slots, full, empty, 0};
+    unsigned epoch = 0;
+    uint4 lo[STEPS], hi[STEPS];
+    const AttnConsts ac = attn_consts(positions, seq_ids, rope, n);
+    for (int layer = 0; layer < NLAYERS; layer++) {
+        // Loads that need nothing of the phases before them go first.
+        NormWeights nw = norm_weights(q_norm + layer * D, k_norm + layer * D);
+        // QKV
+        load_normed(x, in_norm + layer * HID, lo, hi, sq, n);
+        {
+            float c[QKV_CHUNKS][4];
+            phase_products<QKV_CHUNKS>(c, lo, hi, ring);
+#pragma unroll
+            for (int k = 0; k < QKV_CHUNKS; k++)
+                *(float4*)(red + (k * WARPS + warp) * 128 + (tid & 31) * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
+        }
+        cbar();
+        for (int e = tid; e < QKV_CHUNKS * 128; e += CONSUMERS) {
+            int chunk = e / 128, row = element_row(e % 128);
+            if (row < n)
+                qkv[row * NQKV + b * QC + chunk * 8 + element_col(e % 128)] =
+                    to_16(reduce(red, chunk, e % 128) * rstd_of(sq, row, eps));
+        }
+        grid_sync(bar, ++epoch);
+
+        // Attention and O
+        attend(qkv, b / O_BLOCKS, nw, ac, qs, ks, vs, a, n, eps, scale);
+        for (int chunk = 0; chunk < O_CHUNKS; chunk++) {
+            const unsigned char* w = ring.acquire();
+            int row0 = (b % O_BLOCKS) * ORB + chunk * O_ROWS, lane = tid & 31, g = lane >> 2, q = lane & 3;
+            for (int tile = warp; tile < O_ROWS / 8; tile += WARPS) {
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int s = 0; s < D / 32; s++) {
+                    uint4 bw = *(const uint4*)(w + (tile * 8 + g) * D * 2 + (s * 4 + q) * 16);
+                    uint4 alo = *(const uint4*)(a + unit_at(g, s * 4 + q, D / 8));
+                    uint4 ahi = *(const uint4*)(a + unit_at(g + 8, s * 4 + q, D / 8));
+                    mma(c, alo, ahi, bw, false);
+                    mma(c, alo, ahi, bw, true);
+                }
+                int col = row0 + tile * 8 + 2 * q;
+                if (g < n) atomicAdd(x + g * HID + col, c[0]), atomicAdd(x + g * HID + col + 1, c[1]);
+                if (g + 8 < n) atomicAdd(x + (g + 8) * HID + col, c[2]), atomicAdd(x + (g + 8) * HID + col + 1, c[3]);
+            }
+            ring.release();
+        }
+        grid_sync(bar, ++epoch);
+
+        // Gate-up
+        load_normed(x, post_norm + layer * HID, lo, hi, sq, n);
+        {
+            float c[GU_CHUNKS][4];
+            phase_products<GU_CHUNKS>(c, lo, hi, ring);
+#pragma unroll
+            for (int k = 0; k < GU_CHUNKS; k++)
+                *(float4*)(red + (k * WARPS + warp) * 128 + (tid & 31) * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
+        }
+        cbar();
+        for (int e = tid; e < GC / 8 * 128; e += CONSUMERS) {
+            int task = e / 128, row = element_row(e % 128);
+            if (row < n) {
+                float r = rstd_of(sq, row, eps);
+                float gate = reduce(red, 2 * task, e % 128) * r, up = reduce(red, 2 * task + 1, e % 128) * r;
+                act[row * INTER + b * GC + task * 8 + element_col(e % 128)] = to_16(gate / (1.f + __expf(-gate)) * up);
+            }
+        }
+        grid_sync(bar, ++epoch);
+
+        // Down
+        {
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            uint4 dlo[DOWN_CHUNKS][STEPS], dhi[DOWN_CHUNKS][STEPS];  // every load issued before the first use
+#pragma unroll
+            for (int part = 0; part < DOWN_CHUNKS; part++) load_rows(act, part * HID, dlo[part], dhi[part], n);
+#pragma unroll
+            for (int part = 0; part < DOWN_CHUNKS; part++) {
+                chunk_product(c, dlo[part], dhi[part], ring.acquire());
+                ring.release();
+            }
+            *(float4*)(red + warp * 128 + (tid & 31) * 4) = make_float4(c[0], c[1], c[2], c[3]);
+        }
+        cbar();
+        // The block owns these columns of x, but an atomic add, which needs no answer, keeps the
+        // phase one trip to L2 shorter than a load and a store (0.64 against 0.66 ms).
+        int row = element_row(tid);
+        if (tid < 128 && row < n) atomicAdd(x + row * HID + b * 8 + element_col(tid), reduce(red, 0, tid));
+        if (layer + 1 < NLAYERS) grid_sync(bar, ++epoch);
+    }
+    // The last block out sets the barrier back for the next launch (every other block has left it).
+    cbar();
+    if (tid == 0 && atomicAdd(bar + 1, 1u) == GRID - 1) {
+        atomicExch(bar, 0u);
+        atomicExch(bar + 1, 0u);
+    }
+}
