@@ -1,5 +1,5 @@
 """CUDA C++ compiled at run time by NVRTC (the library torch's CUDA wheels carry) into a cubin for
-the device, kept on disk under a key of the source, the options and NVRTC's version, so that a
+the device, kept on disk under a key of the source, the options and the NVRTC library file, so that a
 later start only reads it. Through ctypes; nothing here imports torch."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from rose.cache import cache_dir
+from rose.cache import cache_dir, write_whole
 
 
 class NvrtcError(RuntimeError):
@@ -21,26 +21,37 @@ class NvrtcError(RuntimeError):
 
 
 @cache
-def _library() -> ctypes.CDLL:
+def _library_path() -> str:
+    """The libnvrtc that torch's CUDA wheels installed (or the system's), found without loading it."""
     for root in sys.path:
         found = sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc.so.*")))
         found += sorted(glob.glob(os.path.join(root, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*")))
-        for path in found:
-            # libnvrtc opens its builtins by name: loaded first, they are found.
-            for builtins in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so.*")):
-                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
-            return ctypes.CDLL(path)
+        if found:
+            return found[0]
     name = ctypes.util.find_library("nvrtc")
     if name is None:
         raise NvrtcError("libnvrtc not found (it comes with torch's CUDA wheels)")
-    return ctypes.CDLL(name)
+    return name
 
 
-def version() -> tuple[int, int]:
-    """NVRTC's (major, minor)."""
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    _check(_library().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
-    return major.value, minor.value
+@cache
+def _library() -> ctypes.CDLL:
+    path = _library_path()
+    # libnvrtc opens its builtins by name: loaded first, they are found.
+    for builtins in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so.*")):
+        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(path)
+
+
+def _fingerprint() -> str:
+    """Which NVRTC a cached cubin came from: its file, size and time (loading it to ask its version
+    took 50-150 ms a start on this VM)."""
+    path = _library_path()
+    try:
+        stat = os.stat(path)
+    except OSError:  # a bare name from find_library
+        return path
+    return f"{os.path.realpath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def _check(status: int, what: str) -> None:
@@ -51,15 +62,15 @@ def _check(status: int, what: str) -> None:
 def compile_cubin(source: str, name: str, arch: int, options: list[str]) -> bytes:
     """The cubin of `source` for sm_{arch} (such as 90), from the cache when it has it."""
     options = [f"--gpu-architecture=sm_{arch}", "-default-device", "-std=c++17", *options]
-    key = hashlib.sha256("\0".join([source, *options, repr(version())]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([source, *options, _fingerprint()]).encode()).hexdigest()[:24]
     path = cache_dir("nvrtc", f"{name}-{key}.cubin")
     if path.exists():
         return path.read_bytes()
     cubin = _compile(source, name, options)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_bytes(cubin)
-    partial.replace(path)
+    try:
+        write_whole(path, lambda out: out.write(cubin))
+    except OSError:  # a read-only cache: compile again next time
+        pass
     return cubin
 
 
