@@ -145,6 +145,12 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
                  ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
+// x[0..3] += a, b, c, d in one 16-byte atomic (which returns nothing).
+__device__ __forceinline__ void red_add4(float* p, float a, float b, float c, float d) {
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}
+
 struct Weights {
     const u16 *qkv, *o, *gu, *down;
 };
@@ -523,11 +529,14 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
                 *(float4*)(red + (k * WARPS + warp) * 128 + (tid & 31) * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
         }
         cbar();
-        for (int e = tid; e < QKV_CHUNKS * 128; e += CONSUMERS) {
+        // Elements e and e + 1 (e even) are neighbours in a row: one 32-bit store.
+        for (int e = 2 * tid; e < QKV_CHUNKS * 128; e += 2 * CONSUMERS) {
             int chunk = e / 128, row = element_row(e % 128);
-            if (row < n)
-                qkv[row * NQKV + b * QC + chunk * 8 + element_col(e % 128)] =
-                    to_16(reduce(red, chunk, e % 128) * rstd_of(sq, row, eps));
+            if (row < n) {
+                float r = rstd_of(sq, row, eps);
+                *(u32*)(qkv + row * NQKV + b * QC + chunk * 8 + element_col(e % 128)) =
+                    pack(reduce(red, chunk, e % 128) * r, reduce(red, chunk, e % 128 + 1) * r);
+            }
         }
         grid_sync(bar, ++epoch);
 
@@ -547,8 +556,13 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
                     mma(c, alo, ahi, bw, true);
                 }
                 int col = row0 + tile * 8 + 2 * q;
-                if (g < n) atomicAdd(x + g * HID + col, c[0]), atomicAdd(x + g * HID + col + 1, c[1]);
-                if (g + 8 < n) atomicAdd(x + (g + 8) * HID + col, c[2]), atomicAdd(x + (g + 8) * HID + col + 1, c[3]);
+                // Lanes q and q ^ 1 swap halves: the even one adds 4 columns of row g, the odd one
+                // 4 of row g + 8, a 16-byte atomic each (the barrier after the phase waits for
+                // a quarter as many; 0.626 against 0.631 ms with the stores below paired).
+                float o0 = __shfl_xor_sync(0xffffffffu, c[0], 1), o1 = __shfl_xor_sync(0xffffffffu, c[1], 1);
+                float o2 = __shfl_xor_sync(0xffffffffu, c[2], 1), o3 = __shfl_xor_sync(0xffffffffu, c[3], 1);
+                if (!(q & 1) && g < n) red_add4(x + g * HID + col, c[0], c[1], o0, o1);
+                if ((q & 1) && g + 8 < n) red_add4(x + (g + 8) * HID + col - 2, o2, o3, c[2], c[3]);
             }
             ring.release();
         }
@@ -564,12 +578,16 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
                 *(float4*)(red + (k * WARPS + warp) * 128 + (tid & 31) * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
         }
         cbar();
-        for (int e = tid; e < GC / 8 * 128; e += CONSUMERS) {
+        for (int e = 2 * tid; e < GC / 8 * 128; e += 2 * CONSUMERS) {
             int task = e / 128, row = element_row(e % 128);
             if (row < n) {
-                float r = rstd_of(sq, row, eps);
-                float gate = reduce(red, 2 * task, e % 128) * r, up = reduce(red, 2 * task + 1, e % 128) * r;
-                act[row * INTER + b * GC + task * 8 + element_col(e % 128)] = to_16(gate / (1.f + __expf(-gate)) * up);
+                float r = rstd_of(sq, row, eps), out[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float gate = reduce(red, 2 * task, e % 128 + i) * r, up = reduce(red, 2 * task + 1, e % 128 + i) * r;
+                    out[i] = gate / (1.f + __expf(-gate)) * up;
+                }
+                *(u32*)(act + row * INTER + b * GC + task * 8 + element_col(e % 128)) = pack(out[0], out[1]);
             }
         }
         grid_sync(bar, ++epoch);
