@@ -298,6 +298,21 @@ __device__ __forceinline__ void phase_products(float c[NCH][4], const uint4 lo[S
     }
 }
 
+// RMSNorm(x) (rows past n zero) times the ring's next NCH chunks, before the norm's rstd: each
+// warp's partial products go to red[k][warp], the squares of its slice of x to sq.
+template <int NCH>
+__device__ __forceinline__ void normed_products(const float* x, const u16* gain, float* red, float* sq, Ring& ring,
+                                                int n) {
+    uint4 lo[STEPS], hi[STEPS];
+    load_normed(x, gain, lo, hi, sq, n);
+    float c[NCH][4];
+    phase_products<NCH>(c, lo, hi, ring);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+        *(float4*)(red + (k * WARPS + warp) * 128 + lane * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
+}
+
 // Element e < 128 of a warp's [16, 8] product: its row and column.
 __device__ __forceinline__ int element_row(int e) { return (e >> 4) + 8 * ((e >> 1) & 1); }
 __device__ __forceinline__ int element_col(int e) { return 2 * ((e >> 2) & 3) + (e & 1); }
@@ -514,20 +529,12 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
     int n = *count, warp = tid >> 5;
     Ring ring = {slots, full, empty, 0};
     unsigned epoch = 0;
-    uint4 lo[STEPS], hi[STEPS];
     const AttnConsts ac = attn_consts(positions, seq_ids, rope, n);
     for (int layer = 0; layer < NLAYERS; layer++) {
         // Loads that need nothing of the phases before them go first.
         NormWeights nw = norm_weights(q_norm + layer * D, k_norm + layer * D);
         // QKV
-        load_normed(x, in_norm + layer * HID, lo, hi, sq, n);
-        {
-            float c[QKV_CHUNKS][4];
-            phase_products<QKV_CHUNKS>(c, lo, hi, ring);
-#pragma unroll
-            for (int k = 0; k < QKV_CHUNKS; k++)
-                *(float4*)(red + (k * WARPS + warp) * 128 + (tid & 31) * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
-        }
+        normed_products<QKV_CHUNKS>(x, in_norm + layer * HID, red, sq, ring, n);
         cbar();
         // Elements e and e + 1 (e even) are neighbours in a row: one 32-bit store.
         for (int e = 2 * tid; e < QKV_CHUNKS * 128; e += 2 * CONSUMERS) {
@@ -569,14 +576,7 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         grid_sync(bar, ++epoch);
 
         // Gate-up
-        load_normed(x, post_norm + layer * HID, lo, hi, sq, n);
-        {
-            float c[GU_CHUNKS][4];
-            phase_products<GU_CHUNKS>(c, lo, hi, ring);
-#pragma unroll
-            for (int k = 0; k < GU_CHUNKS; k++)
-                *(float4*)(red + (k * WARPS + warp) * 128 + (tid & 31) * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
-        }
+        normed_products<GU_CHUNKS>(x, post_norm + layer * HID, red, sq, ring, n);
         cbar();
         for (int e = 2 * tid; e < GC / 8 * 128; e += 2 * CONSUMERS) {
             int task = e / 128, row = element_row(e % 128);

@@ -24,13 +24,17 @@ def short_batches(rng: np.random.Generator, count: int, max_sequences: int, max_
     return [b for b in batches for _ in range(3)]
 
 
+def engine(folder, monkeypatch, decoder: str, graphs: str = "off") -> rose.Engine:
+    """An engine of `folder` on the GPU with ROSE_FUSED_DECODER=`decoder` (auto, triton or 0)."""
+    monkeypatch.setenv("ROSE_FUSED_DECODER", decoder)
+    return rose.Engine(folder, device="cuda", cuda_graphs=graphs, verify=False)
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_fused_layers_match_the_reference_and_the_layer_by_layer_path(tmp_path, monkeypatch, bidirectional: bool):
     folder = save_qwen3(tmp_path / "qwen3", "small", bidirectional=bidirectional)
-    fused = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
-    fused_eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
-    monkeypatch.setenv("ROSE_FUSED_DECODER", "0")
-    plain = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
+    fused, fused_eager = engine(folder, monkeypatch, "auto", "lazy"), engine(folder, monkeypatch, "auto")
+    plain = engine(folder, monkeypatch, "0")
     assert fused.model.fused is not None and plain.model.fused is None
     assert fused.stats()["fused_decoder"]["max_tokens"] == 16 and plain.stats()["fused_decoder"] is None
     assert fused.stats()["fused_decoder"]["kernel"] == "triton"  # the CUDA one does not take these sizes
@@ -57,12 +61,8 @@ def test_fused_layers_match_the_reference_and_the_layer_by_layer_path(tmp_path, 
 def test_the_cuda_decoder_matches_the_reference_and_the_triton_decoder(tmp_path, monkeypatch, bidirectional: bool):
     """At Qwen3-0.6B's widths (two layers), the sizes the CUDA kernel takes."""
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=bidirectional)
-    cuda = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False)
-    cuda_eager = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
-    monkeypatch.setenv("ROSE_FUSED_DECODER", "triton")
-    triton = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
-    monkeypatch.setenv("ROSE_FUSED_DECODER", "0")
-    plain = rose.Engine(folder, device="cuda", cuda_graphs="off", verify=False)
+    cuda, cuda_eager = engine(folder, monkeypatch, "auto", "lazy"), engine(folder, monkeypatch, "auto")
+    triton, plain = engine(folder, monkeypatch, "triton"), engine(folder, monkeypatch, "0")
     assert cuda.stats()["fused_decoder"]["kernel"] == "cuda" and triton.stats()["fused_decoder"]["kernel"] == "triton"
     rng = np.random.default_rng(7)
     batches = short_batches(rng, 8, max_sequences=4, max_length=5) + short_batches(rng, 4, 2, 17)
