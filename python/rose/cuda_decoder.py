@@ -1,6 +1,6 @@
 """Qwen3's decoder layers for single queries (at most 16 tokens) in one launch of a CUDA kernel,
 decoder_kernel.cu (the file says how it works), for the sizes it takes: Qwen3-0.6B's, on Hopper.
-rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.64 ms a
+rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.63 ms a
 16-token query on the H200 where the Triton one took 0.78 (benches/RESULTS.md).
 
 The kernel is compiled by NVRTC for the model's sizes when the model loads; rose.nvrtc keeps the

@@ -98,7 +98,9 @@ class Qwen3:
     ) -> CudaDecoder | FusedDecoder | None:
         """The layers as one launch for short batches, on a GPU in 16-bit: the CUDA kernel where it
         fits (Qwen3-0.6B's sizes on Hopper), else the Triton one where Triton runs.
-        ROSE_FUSED_DECODER=0 turns both off, =triton the CUDA one (for comparisons)."""
+        ROSE_FUSED_DECODER=0 turns both off, =triton the CUDA one (for comparisons). The CUDA one
+        takes the layers' weights over only once its kernel is loaded, so a failure leaves them as
+        they were for the Triton one."""
         choice = os.environ.get("ROSE_FUSED_DECODER", "auto")
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or matmul_dtype != dtype:
             return None
@@ -106,11 +108,12 @@ class Qwen3:
             return None
         if choice != "triton":
             from rose import cuda_decoder, nvrtc
+            from rose.cuda_driver import CudaError
 
             try:
                 return cuda_decoder.CudaDecoder(self.layers, self.attention_spec, self.eps, device)
-            except (ValueError, nvrtc.NvrtcError) as why:
-                log.info("short batches take the Triton decoder: %s", why)
+            except (ValueError, OSError, CudaError, nvrtc.NvrtcError) as why:
+                log.info("the CUDA decoder does not serve this model here: %s", why)
         tr = kernels.triton_kernels()
         # Its attention is norm_rope_attention's, with the same limits on the head dim.
         if tr is None or not tr.fits_norm_rope_attention(self.attention_spec.head_dim):
