@@ -21,7 +21,7 @@ from rose import nvrtc
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
 from rose.cuda_driver import CudaDriver
-from rose.stacked_layers import stack_layers
+from rose.stacked_layers import kernel_tensors, stack_layers
 
 MAX_TOKENS = 16
 """The largest (padded) batch the kernel takes: the M of one tensor-core product."""
@@ -104,18 +104,10 @@ class CudaDecoder:
 
     def __call__(self, x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor) -> None:
         """Runs every layer on the embeddings x [tokens, hidden] float32, in place."""
-        tokens = x.shape[0]
-        assert tokens <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
-        s, device = self.stacks, x.device
-        count = batch.token_count
-        if count is None:
-            count = torch.full((1,), tokens, dtype=torch.int32, device=device)
-        positions, seq_ids = batch.positions, batch.seq_ids
-        assert positions.dtype == torch.int32 and seq_ids.dtype == torch.int64 and rope.dtype == torch.float32
-        qkv = torch.empty(tokens, self.n_qkv, dtype=s["qkv"].dtype, device=device)
-        act = torch.empty(tokens, self.inter, dtype=s["qkv"].dtype, device=device)
-        tensors = [x, qkv, act, count, positions, seq_ids, rope, self.barrier, s["input_norm"], s["qkv"],
-                   s["q_norm"], s["k_norm"], s["o"], s["post_norm"], s["gate_up"], s["down"]]  # fmt: skip
+        assert x.shape[0] <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
+        assert batch.positions.dtype == torch.int32 and batch.seq_ids.dtype == torch.int64
+        assert rope.dtype == torch.float32
+        tensors = kernel_tensors(x, batch, rope, self.barrier, self.stacks, self.n_qkv, self.inter)
         args = [ctypes.c_void_p(t.data_ptr()) for t in tensors] + [ctypes.c_float(self.eps), ctypes.c_float(self.scale)]
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = torch.cuda.current_stream(x.device).cuda_stream
         self._driver.launch(self._function, self.programs, _THREADS, self.shared, stream, args)

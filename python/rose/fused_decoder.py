@@ -31,7 +31,7 @@ import triton.language as tl
 
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
-from rose.stacked_layers import stack_layers
+from rose.stacked_layers import kernel_tensors, stack_layers
 from rose.triton_kernels import norm_rope_attend
 
 MAX_TOKENS = 16
@@ -274,18 +274,11 @@ class FusedDecoder:
 
     def __call__(self, x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor) -> None:
         """Runs every layer on the embeddings x [tokens, hidden] float32, in place."""
-        tokens = x.shape[0]
-        assert tokens <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
-        dtype, device = self.stacks["qkv"].dtype, x.device
-        count = batch.token_count
-        if count is None:
-            count = torch.full((1,), tokens, dtype=torch.int32, device=device)
-        qkv = torch.empty(tokens, (self.heads + 2 * self.kv_heads) * self.head_dim, dtype=dtype, device=device)
-        act = torch.empty(tokens, self.inter, dtype=dtype, device=device)
-        s = self.stacks
+        assert x.shape[0] <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
+        n_qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        tensors = kernel_tensors(x, batch, rope, self.barrier, self.stacks, n_qkv, self.inter)
         _decoder_kernel[(self.programs,)](
-            x, qkv, act, count, batch.positions, batch.seq_ids, rope, self.barrier,
-            s["input_norm"], s["qkv"], s["q_norm"], s["k_norm"], s["o"], s["post_norm"], s["gate_up"], s["down"],
+            *tensors,
             self.eps, self.scale, NUM_LAYERS=self.num_layers,
             HIDDEN=self.hidden, INTER=self.inter, HQ=self.heads, HK=self.kv_heads, HALF=self.head_dim // 2,
             CAUSAL=self.causal, QKV_COLS=self.qkv.cols, QKV_TILE=self.qkv.tile, O_COLS=self.o_cols,
