@@ -1,6 +1,6 @@
 """Qwen3's decoder layers for single queries (at most 16 tokens) in one launch of a CUDA kernel,
 decoder_kernel.cu (the file says how it works), for the sizes it takes: Qwen3-0.6B's, on Hopper.
-rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.63 ms a
+rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.54-0.55 ms a
 16-token query on the H200 where the Triton one took 0.78 (benches/RESULTS.md).
 
 The kernel is compiled by NVRTC for the model's sizes when the model loads; rose.nvrtc keeps the
@@ -31,7 +31,8 @@ STAGES = 8
 
 _THREADS = 288  # 8 consumer warps and the producer
 _SLOT = 16384  # bytes of a weight chunk in shared memory
-_MAX_SHARED = 227 * 1024  # an H100's or H200's dynamic shared memory a block
+_MAX_SHARED = 227 * 1024  # an H100's or H200's shared memory a block
+_STATIC_SHARED = 128  # the kernel's `started`, as ptxas places it
 
 
 def fits(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, sms: int) -> bool:
@@ -49,7 +50,7 @@ def fits(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, sms:
         and (hidden // (grid // heads)) % (_SLOT // 2 // head_dim) == 0
         and inter % (grid * 8) == 0
         and inter % hidden == 0
-        and shared_bytes(hidden, inter, heads, kv_heads, head_dim) <= _MAX_SHARED
+        and shared_bytes(hidden, inter, heads, kv_heads, head_dim) + _STATIC_SHARED <= _MAX_SHARED
     )
 
 
@@ -96,7 +97,10 @@ class CudaDecoder:
         self._driver = CudaDriver(index)
         self._function = self._driver.load_function(cubin, "decoder_layers", self.shared)
         self.stacks = stack_layers(layers)
-        self.barrier = torch.zeros(2, dtype=torch.int32, device=device)
+        # [0]: blocks arrived, [1]: blocks gone; [32:64]: the rows' sums of squares (float32, by
+        # layer parity), a line of their own. The kernel leaves them all at zero.
+        self.barrier = torch.zeros(64, dtype=torch.int32, device=device)
+        self.xg = torch.empty(MAX_TOKENS, hidden, dtype=dtype, device=device)  # x * g for the next QKV
 
     def describe(self) -> dict:
         """For /info: which batches take the kernel, and how it is cut."""
@@ -107,7 +111,7 @@ class CudaDecoder:
         assert x.shape[0] <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
         assert batch.positions.dtype == torch.int32 and batch.seq_ids.dtype == torch.int64
         assert rope.dtype == torch.float32
-        tensors = kernel_tensors(x, batch, rope, self.barrier, self.stacks, self.n_qkv, self.inter)
+        tensors = kernel_tensors(x, batch, rope, self.barrier, self.stacks, self.n_qkv, self.inter) + [self.xg]
         args = [ctypes.c_void_p(t.data_ptr()) for t in tensors] + [ctypes.c_float(self.eps), ctypes.c_float(self.scale)]
         stream = torch.cuda.current_stream(x.device).cuda_stream
         self._driver.launch(self._function, self.programs, _THREADS, self.shared, stream, args)

@@ -7,19 +7,26 @@
 // bandwidth) and by the chain of phases, four a layer, that meet at grid-wide barriers. So the
 // blocks are warp-specialized: warp 8 (the producer) streams the block's weight chunks for every
 // layer, in the order they are used, through a ring of STAGES 16 KB shared-memory slots with TMA
-// bulk copies (cp.async.bulk; an mbarrier a slot counts the bytes in). It waits only for a free
-// slot, never at a grid barrier, so the next phases' weights travel while warps 0-7 (the
-// consumers) wait there.
+// bulk copies (cp.async.bulk; an mbarrier a slot counts the bytes in), so the weights of the next
+// phase travel while warps 0-7 (the consumers) compute this one.
+//
+// The producer issues a phase's chunks only once the consumers have started the phase before it
+// (`started`). Streaming as soon as slots were free put the bulk copies in front of the barriers'
+// and activations' small reads in the memory system: a barrier took 1.9-2.5 us against 0.9-1.3 us
+// with no weights in flight, and the kernel 0.63 ms against 0.545 paced.
 //
 // What block b computes each phase (its weight chunks: 8 rows x HID, or O_ROWS rows x D for O):
 //   QKV      columns [b*QC, (b+1)*QC) of q, k, v; the input RMSNorm folded in as
-//            rstd * ((x * g) @ W)
+//            rstd * ((x * g) @ W), x * g read in 16 bits (xg) and the rows' squares (squares) as
+//            the down phase before left them (layer 0: from x)
 //   attn+O   head b / O_BLOCKS (QK-norm, RoPE, softmax over the block-diagonal mask) times O's
 //            output columns [(b % O_BLOCKS) * ORB, +ORB), added into x by atomics (the heads share
 //            x's columns)
 //   gate-up  GC intermediate columns: for each 8, a chunk of gate rows and one of up rows, then
 //            SiLU(gate) * up
-//   down     x's columns [b*8, b*8 + 8) over all of INTER, added into x
+//   down     x's columns [b*8, b*8 + 8) over all of INTER, added to x; the block, owning them,
+//            stores them times the next layer's input-norm weights in 16 bits into xg and adds
+//            their squares to the rows' sums (half the bytes of x for every block to read next)
 // The products are mma.sync m16n8k16 (16 tokens fill its M). Their A operand stays in registers:
 // warp w takes the slice [w*HID/8, (w+1)*HID/8) of the inner dimension, and the warps' partial sums
 // (and the RMSNorm's squares) are added up in shared memory. Each thread reads 8 consecutive k of a
@@ -91,6 +98,12 @@ __device__ __forceinline__ float4 load_cg4f(const float* p) {
     return v;
 }
 
+__device__ __forceinline__ float load_cgf(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ u16 load_cg16(const u16* p) {
     u16 v;
     asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
@@ -151,6 +164,13 @@ __device__ __forceinline__ void red_add4(float* p, float a, float b, float c, fl
                  : "memory");
 }
 
+// The last phase (layer * 4 + 0 QKV, 1 attention and O, 2 gate-up, 3 down) the consumers started.
+__shared__ int started;
+
+__device__ __forceinline__ void mark_started(int phase) {
+    if (threadIdx.x == 0) *(volatile int*)&started = phase;
+}
+
 struct Weights {
     const u16 *qkv, *o, *gu, *down;
 };
@@ -161,10 +181,13 @@ __device__ void produce(const Weights& w, unsigned char* slots, unsigned long lo
     for (int j = 0; j < PER_LAYER * NLAYERS; j++) {
         int slot = j % STAGES, fill = j / STAGES;
         if (fill > 0) mbar_wait(empty + slot, (fill - 1) & 1);
+        int layer = j / PER_LAYER, r = j % PER_LAYER;
+        int phase = layer * 4 + (r < QKV_CHUNKS ? 0 : r < QKV_CHUNKS + O_CHUNKS ? 1 : r < PER_LAYER - DOWN_CHUNKS ? 2 : 3);
+        while (*(volatile int*)&started < phase - 1) {
+        }
         if (lane == 0) mbar_expect(full + slot, SLOT);
         __syncwarp();
         unsigned char* dst = slots + slot * SLOT;
-        int layer = j / PER_LAYER, r = j % PER_LAYER;
         if (r < QKV_CHUNKS) {
             if (lane == 0) bulk_copy(dst, w.qkv + (long)layer * NQKV * HID + (long)(b * QC + r * 8) * HID, SLOT, full + slot);
         } else if ((r -= QKV_CHUNKS) < O_CHUNKS) {
@@ -203,7 +226,9 @@ struct Ring {
 };
 
 // Every block's consumers meet here; `epoch` counts the launch's barriers from 1. (One flag a
-// block, each thread t < GRID waiting for block t's, was slower: 0.84 against 0.68 ms.)
+// block, each thread t < GRID waiting for block t's, was slower: 0.84 against 0.68 ms. Instead of
+// the barrier after QKV, waiting for the 12 blocks that make a head's q, k and v, by counters or by
+// spinning on words of data and flag, was no faster: their data took as long to arrive.)
 __device__ void grid_sync(unsigned* bar, unsigned epoch) {
     cbar();
     if (threadIdx.x == 0) {
@@ -258,14 +283,16 @@ __device__ __forceinline__ void load_normed(const float* x, const u16* gain, uin
     if (q == 0) sq[warp * 16 + g] = sq_lo, sq[warp * 16 + g + 8] = sq_hi;
 }
 
-// The warp's slice of act[:, k0 : k0 + HID] in the mma's order (rows past n zero).
-__device__ __forceinline__ void load_rows(const u16* act, int k0, uint4 lo[STEPS], uint4 hi[STEPS], int n) {
+// The warp's slice of m[:, k0 : k0 + HID] (16-bit, rows of WIDTH) in the mma's order (rows past n
+// zero).
+template <int WIDTH>
+__device__ __forceinline__ void load_rows(const u16* m, int k0, uint4 lo[STEPS], uint4 hi[STEPS], int n) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int s = 0; s < STEPS; s++) {
         int unit = warp * 4 * STEPS + 4 * s + q;
-        lo[s] = g < n ? load_cg4(act + g * INTER + k0 + unit * 8) : make_uint4(0, 0, 0, 0);
-        hi[s] = g + 8 < n ? load_cg4(act + (g + 8) * INTER + k0 + unit * 8) : make_uint4(0, 0, 0, 0);
+        lo[s] = g < n ? load_cg4(m + g * WIDTH + k0 + unit * 8) : make_uint4(0, 0, 0, 0);
+        hi[s] = g + 8 < n ? load_cg4(m + (g + 8) * WIDTH + k0 + unit * 8) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -298,6 +325,17 @@ __device__ __forceinline__ void phase_products(float c[NCH][4], const uint4 lo[S
     }
 }
 
+// The warp's slice of A times the ring's next NCH chunks, its partial products to red[k][warp].
+template <int NCH>
+__device__ __forceinline__ void partial_products(const uint4 lo[STEPS], const uint4 hi[STEPS], float* red, Ring& ring) {
+    float c[NCH][4];
+    phase_products<NCH>(c, lo, hi, ring);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+        *(float4*)(red + (k * WARPS + warp) * 128 + lane * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
+}
+
 // RMSNorm(x) (rows past n zero) times the ring's next NCH chunks, before the norm's rstd: each
 // warp's partial products go to red[k][warp], the squares of its slice of x to sq.
 template <int NCH>
@@ -305,12 +343,7 @@ __device__ __forceinline__ void normed_products(const float* x, const u16* gain,
                                                 int n) {
     uint4 lo[STEPS], hi[STEPS];
     load_normed(x, gain, lo, hi, sq, n);
-    float c[NCH][4];
-    phase_products<NCH>(c, lo, hi, ring);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int k = 0; k < NCH; k++)
-        *(float4*)(red + (k * WARPS + warp) * 128 + lane * 4) = make_float4(c[k][0], c[k][1], c[k][2], c[k][3]);
+    partial_products<NCH>(lo, hi, red, ring);
 }
 
 // Element e < 128 of a warp's [16, 8] product: its row and column.
@@ -502,7 +535,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positions, const long long* seq_ids,
                const float* rope, unsigned* bar, const u16* in_norm, const u16* w_qkv, const u16* q_norm,
                const u16* k_norm, const u16* w_o, const u16* post_norm, const u16* w_gu, const u16* w_down,
-               float eps, float scale) {
+               u16* xg, float eps, float scale) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* slots = smem;
     unsigned long long* full = (unsigned long long*)(slots + STAGES * SLOT);
@@ -518,6 +551,7 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(full + s, 1), mbar_init(empty + s, WARPS);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        started = -1;
     }
     __syncthreads();
     if (tid >= CONSUMERS) {
@@ -529,18 +563,32 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
     int n = *count, warp = tid >> 5;
     Ring ring = {slots, full, empty, 0};
     unsigned epoch = 0;
+    // The rows' sums of squares of x, by layer parity: the down phase of layer l adds to
+    // squares[(l + 1) & 1], the QKV of layer l + 1 reads it, and block 0 sets it back to zero after
+    // the barrier that follows (a launch leaves them at zero, as the barrier).
+    float* squares = (float*)(bar + 32);
     const AttnConsts ac = attn_consts(positions, seq_ids, rope, n);
     for (int layer = 0; layer < NLAYERS; layer++) {
         // Loads that need nothing of the phases before them go first.
         NormWeights nw = norm_weights(q_norm + layer * D, k_norm + layer * D);
-        // QKV
-        normed_products<QKV_CHUNKS>(x, in_norm + layer * HID, red, sq, ring, n);
+        // QKV (a thread's epilogue elements lie in one row: 2 * CONSUMERS is a multiple of 128)
+        mark_started(layer * 4);
+        const int qkv_row = element_row((2 * tid) % 128);
+        float row_squares = 0.f;
+        if (layer == 0) {
+            normed_products<QKV_CHUNKS>(x, in_norm, red, sq, ring, n);
+        } else {
+            row_squares = load_cgf(squares + (layer & 1) * ROWS + qkv_row);
+            uint4 lo[STEPS], hi[STEPS];
+            load_rows<HID>(xg, 0, lo, hi, n);
+            partial_products<QKV_CHUNKS>(lo, hi, red, ring);
+        }
         cbar();
         // Elements e and e + 1 (e even) are neighbours in a row: one 32-bit store.
         for (int e = 2 * tid; e < QKV_CHUNKS * 128; e += 2 * CONSUMERS) {
-            int chunk = e / 128, row = element_row(e % 128);
+            int chunk = e / 128, row = qkv_row;
             if (row < n) {
-                float r = rstd_of(sq, row, eps);
+                float r = layer == 0 ? rstd_of(sq, row, eps) : rsqrtf(row_squares / HID + eps);
                 *(u32*)(qkv + row * NQKV + b * QC + chunk * 8 + element_col(e % 128)) =
                     pack(reduce(red, chunk, e % 128) * r, reduce(red, chunk, e % 128 + 1) * r);
             }
@@ -548,6 +596,7 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         grid_sync(bar, ++epoch);
 
         // Attention and O
+        mark_started(layer * 4 + 1);
         attend(qkv, b / O_BLOCKS, nw, ac, qs, ks, vs, a, n, eps, scale);
         for (int chunk = 0; chunk < O_CHUNKS; chunk++) {
             const unsigned char* w = ring.acquire();
@@ -576,6 +625,8 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         grid_sync(bar, ++epoch);
 
         // Gate-up
+        mark_started(layer * 4 + 2);
+        if (b == 0 && tid < ROWS) squares[(layer & 1) * ROWS + tid] = 0.f;  // every QKV has read them
         normed_products<GU_CHUNKS>(x, post_norm + layer * HID, red, sq, ring, n);
         cbar();
         for (int e = 2 * tid; e < GC / 8 * 128; e += 2 * CONSUMERS) {
@@ -593,11 +644,14 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         grid_sync(bar, ++epoch);
 
         // Down
+        mark_started(layer * 4 + 3);
+        const int row = element_row(tid & 127), col = b * 8 + element_col(tid & 127);
+        const float old = tid < 128 && row < n ? load_cgf(x + row * HID + col) : 0.f;  // no one else writes it now
         {
             float c[4] = {0.f, 0.f, 0.f, 0.f};
             uint4 dlo[DOWN_CHUNKS][STEPS], dhi[DOWN_CHUNKS][STEPS];  // every load issued before the first use
 #pragma unroll
-            for (int part = 0; part < DOWN_CHUNKS; part++) load_rows(act, part * HID, dlo[part], dhi[part], n);
+            for (int part = 0; part < DOWN_CHUNKS; part++) load_rows<INTER>(act, part * HID, dlo[part], dhi[part], n);
 #pragma unroll
             for (int part = 0; part < DOWN_CHUNKS; part++) {
                 chunk_product(c, dlo[part], dhi[part], ring.acquire());
@@ -606,10 +660,21 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
             *(float4*)(red + warp * 128 + (tid & 31) * 4) = make_float4(c[0], c[1], c[2], c[3]);
         }
         cbar();
-        // The block owns these columns of x, but an atomic add, which needs no answer, keeps the
-        // phase one trip to L2 shorter than a load and a store (0.64 against 0.66 ms).
-        int row = element_row(tid);
-        if (tid < 128 && row < n) atomicAdd(x + row * HID + b * 8 + element_col(tid), reduce(red, 0, tid));
+        if (tid < 128) {
+            float value = old + reduce(red, 0, tid);  // 0 past row n
+            if (row < n) x[row * HID + col] = value;
+            if (layer + 1 < NLAYERS) {
+                float scaled = value * to_f32(in_norm[(layer + 1) * HID + col]);
+                float next = __shfl_xor_sync(0xffffffffu, scaled, 1);  // the element at col + 1
+                if (!(tid & 1) && row < n) *(u32*)(xg + row * HID + col) = pack(scaled, next);
+                // Lanes that differ in bits 0, 2 and 3 hold the row's 8 columns.
+                float square = value * value;
+                square += __shfl_xor_sync(0xffffffffu, square, 1);
+                square += __shfl_xor_sync(0xffffffffu, square, 4);
+                square += __shfl_xor_sync(0xffffffffu, square, 8);
+                if (!(tid & 13) && row < n) atomicAdd(squares + ((layer + 1) & 1) * ROWS + row, square);
+            }
+        }
         if (layer + 1 < NLAYERS) grid_sync(bar, ++epoch);
     }
     // The last block out sets the barrier back for the next launch (every other block has left it).
