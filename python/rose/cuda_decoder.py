@@ -97,9 +97,10 @@ class CudaDecoder:
         self._driver = CudaDriver(index)
         self._function = self._driver.load_function(cubin, "decoder_layers", self.shared)
         self.stacks = stack_layers(layers)
-        # [0]: blocks arrived, [1]: blocks gone; [32:64]: the rows' sums of squares (float32, by
-        # layer parity), a line of their own. The kernel leaves them all at zero.
-        self.barrier = torch.zeros(64, dtype=torch.int32, device=device)
+        # [0]: blocks arrived, [1]: blocks gone; [1024:1056]: the rows' sums of squares (float32, by
+        # layer parity; the kernel's SQUARES), away from the counter that every block polls. The
+        # kernel leaves them all at zero.
+        self.barrier = torch.zeros(1024 + 2 * MAX_TOKENS, dtype=torch.int32, device=device)
         self.xg = torch.empty(MAX_TOKENS, hidden, dtype=dtype, device=device)  # x * g for the next QKV
 
     def describe(self) -> dict:
