@@ -27,9 +27,7 @@ def test_the_kernel_compiles_for_hopper_once(fp16: int, tmp_path, monkeypatch) -
     except (nvrtc.NvrtcError, OSError):
         pytest.skip("no NVRTC here (a CPU-only torch)")
     monkeypatch.setenv("ROSE_CACHE_DIR", str(tmp_path))
-    sizes = dict(HID=1024, INTER=3072, HQ=16, HK=8, D=128, NLAYERS=28, CAUSAL=1, GRID=128,
-                 STAGES=cuda_decoder.STAGES, FP16=fp16)  # fmt: skip
-    options = [f"-D{name}={value}" for name, value in sizes.items()]
+    options = cuda_decoder.kernel_options(**QWEN3_0_6B, layers=28, causal=True, fp16=bool(fp16))
     source = nvrtc.source("decoder_kernel.cu")
     cubin = nvrtc.compile_cubin(source, "decoder_kernel", 90, options)
     assert cubin[:4] == b"\x7fELF" and len(list(tmp_path.glob("nvrtc/decoder_kernel-*.cubin"))) == 1

@@ -33,6 +33,7 @@ _THREADS = 288  # 8 consumer warps and the producer
 _SLOT = 16384  # bytes of a weight chunk in shared memory
 _MAX_SHARED = 227 * 1024  # an H100's or H200's shared memory a block
 _STATIC_SHARED = 128  # the kernel's `started`, as ptxas places it
+_SQUARES = 1024  # the rows' sums of squares in the barrier tensor: 4 KB from the counter every block polls
 
 
 def fits(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, sms: int) -> bool:
@@ -65,6 +66,15 @@ def shared_bytes(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: i
     return ring + partials + attention
 
 
+def kernel_options(
+    hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, layers: int, causal: bool, fp16: bool
+) -> list[str]:
+    """NVRTC's -D options for decoder_kernel.cu at these sizes (the macros its header lists)."""
+    sizes = dict(HID=hidden, INTER=inter, HQ=heads, HK=kv_heads, D=head_dim, NLAYERS=layers, CAUSAL=int(causal),
+                 GRID=hidden // 8, STAGES=STAGES, FP16=int(fp16), SQUARES=_SQUARES)  # fmt: skip
+    return [f"-D{name}={value}" for name, value in sizes.items()]
+
+
 class CudaDecoder:
     """Qwen3's layers (rose.models.qwen3) as one launch of decoder_kernel.cu. Takes the layers'
     weights over (rose.stacked_layers)."""
@@ -87,20 +97,17 @@ class CudaDecoder:
         self.programs = hidden // 8
         self.shared = shared_bytes(hidden, inter, heads, kv_heads, head_dim)
         dtype = first.qkv.weight.dtype
-        sizes = dict(HID=hidden, INTER=inter, HQ=heads, HK=kv_heads, D=head_dim, NLAYERS=len(layers),
-                     CAUSAL=int(spec.causal), GRID=self.programs, STAGES=STAGES,
-                     FP16=int(dtype == torch.float16))  # fmt: skip
+        options = kernel_options(hidden, inter, heads, kv_heads, head_dim, len(layers), spec.causal,
+                                 dtype == torch.float16)  # fmt: skip
         cubin = nvrtc.compile_cubin(nvrtc.source("decoder_kernel.cu"), "decoder_kernel",
-                                    properties.major * 10 + properties.minor,
-                                    [f"-D{name}={value}" for name, value in sizes.items()])  # fmt: skip
+                                    properties.major * 10 + properties.minor, options)  # fmt: skip
         index = device.index if device.index is not None else torch.cuda.current_device()
         self._driver = CudaDriver(index)
         self._function = self._driver.load_function(cubin, "decoder_layers", self.shared)
         self.stacks = stack_layers(layers)
-        # [0]: blocks arrived, [1]: blocks gone; [1024:1056]: the rows' sums of squares (float32, by
-        # layer parity; the kernel's SQUARES), away from the counter that every block polls. The
-        # kernel leaves them all at zero.
-        self.barrier = torch.zeros(1024 + 2 * MAX_TOKENS, dtype=torch.int32, device=device)
+        # [0]: blocks arrived, [1]: blocks gone; from _SQUARES: the rows' sums of squares (float32,
+        # by layer parity). The kernel leaves them all at zero.
+        self.barrier = torch.zeros(_SQUARES + 2 * MAX_TOKENS, dtype=torch.int32, device=device)
         self.xg = torch.empty(MAX_TOKENS, hidden, dtype=dtype, device=device)  # x * g for the next QKV
 
     def describe(self) -> dict:

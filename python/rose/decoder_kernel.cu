@@ -1,6 +1,7 @@
 // Qwen3's decoder layers for a batch of at most 16 tokens in one persistent launch of GRID blocks
 // (one an SM), compiled at run time by NVRTC (rose.nvrtc) with the model's sizes as macros:
-//   HID, INTER, HQ, HK, D, NLAYERS, CAUSAL, GRID, STAGES, FP16 (0: bfloat16).
+//   HID, INTER, HQ, HK, D, NLAYERS, CAUSAL, GRID, STAGES, FP16 (0: bfloat16), and SQUARES (where
+//   the rows' sums of squares lie in `bar`, away from the barrier's counter).
 // rose.cuda_decoder.fits() says which sizes it takes (Qwen3-0.6B's, with GRID = HID / 8 = 128).
 //
 // A 16-token query is bound by reading the weights (881 MB for Qwen3-0.6B, 0.2 ms at the H200's
@@ -37,7 +38,6 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 
 #define ROWS 16
-#define SQUARES 1024  // where the rows' sums of squares lie in `bar`: 4 KB from the barrier's counter
 #define WARPS 8
 #define CONSUMERS (WARPS * 32)
 #define THREADS (CONSUMERS + 32)
