@@ -1,5 +1,5 @@
-"""Qwen3's decoder layers for single queries (at most 16 tokens) in one launch of a CUDA kernel,
-decoder_kernel.cu (the file says how it works), for the sizes it takes: Qwen3-0.6B's, on Hopper.
+"""Qwen3 for single queries (at most 16 tokens), ids to pooled vectors, in one launch of a CUDA
+kernel, decoder_kernel.cu (the file says how it works), for the sizes it takes: Qwen3-0.6B's, on Hopper.
 rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.54-0.55 ms a
 16-token query on the H200 where the Triton one took 0.78 (benches/RESULTS.md).
 
@@ -21,7 +21,7 @@ from rose import nvrtc
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
 from rose.cuda_driver import CudaDriver
-from rose.stacked_layers import kernel_tensors, stack_layers
+from rose.stacked_layers import LAYER_TENSORS, stack_layers
 
 MAX_TOKENS = 16
 """The largest (padded) batch the kernel takes: the M of one tensor-core product."""
@@ -32,7 +32,7 @@ STAGES = 8
 _THREADS = 288  # 8 consumer warps and the producer
 _SLOT = 16384  # bytes of a weight chunk in shared memory
 _MAX_SHARED = 227 * 1024  # an H100's or H200's shared memory a block
-_STATIC_SHARED = 128  # the kernel's `started`, as ptxas places it
+_STATIC_SHARED = 256  # the kernel's `started` and token_seq, token_pos, as ptxas places them
 _SQUARES = 1024  # the rows' sums of squares in the barrier tensor: 4 KB from the counter every block polls
 
 
@@ -75,11 +75,17 @@ def kernel_options(
     return [f"-D{name}={value}" for name, value in sizes.items()]
 
 
+POOLING = {"mean": 0, "cls": 1, "last": 2}
+"""The kernel's codes of the poolings (rose.pooling's modes)."""
+
+
 class CudaDecoder:
-    """Qwen3's layers (rose.models.qwen3) as one launch of decoder_kernel.cu. Takes the layers'
-    weights over (rose.stacked_layers)."""
+    """Qwen3 (rose.models.qwen3) as one launch of decoder_kernel.cu: its embedding, layers, final
+    norm, and the pooling. Takes the layers' weights over (rose.stacked_layers)."""
 
     max_tokens = MAX_TOKENS
+    pools = True
+    """It returns pooled vectors (rose.models.qwen3.Qwen3.pooled), not token states."""
 
     def __init__(self, layers: list, spec: AttentionSpec, eps: float, device: torch.device) -> None:
         """Raises ValueError for sizes or GPUs the kernel does not take, nvrtc.NvrtcError without
@@ -108,18 +114,35 @@ class CudaDecoder:
         # [0]: blocks arrived, [1]: blocks gone; from _SQUARES: the rows' sums of squares (float32,
         # by layer parity). The kernel leaves them all at zero.
         self.barrier = torch.zeros(_SQUARES + 2 * MAX_TOKENS, dtype=torch.int32, device=device)
-        self.xg = torch.empty(MAX_TOKENS, hidden, dtype=dtype, device=device)  # x * g for the next QKV
+        # The kernel's scratch: x (the residual stream, float32), q k v, the MLP's activation, and
+        # x * g for the next QKV (16-bit). One launch runs at a time (see above).
+        self._scratch = [
+            torch.empty(MAX_TOKENS, width, dtype=kind, device=device)
+            for width, kind in ((hidden, torch.float32), (self.n_qkv, dtype), (inter, dtype), (hidden, dtype))
+        ]
+        self.hidden = hidden
 
     def describe(self) -> dict:
         """For /info: which batches take the kernel, and how it is cut."""
         return {"kernel": "cuda", "max_tokens": MAX_TOKENS, "programs": self.programs, "stages": STAGES}
 
-    def __call__(self, x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor) -> None:
-        """Runs every layer on the embeddings x [tokens, hidden] float32, in place."""
-        assert x.shape[0] <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
-        assert batch.positions.dtype == torch.int32 and batch.seq_ids.dtype == torch.int64
-        assert rope.dtype == torch.float32
-        tensors = kernel_tensors(x, batch, rope, self.barrier, self.stacks, self.n_qkv, self.inter) + [self.xg]
-        args = [ctypes.c_void_p(t.data_ptr()) for t in tensors] + [ctypes.c_float(self.eps), ctypes.c_float(self.scale)]
-        stream = torch.cuda.current_stream(x.device).cuda_stream
+    def __call__(
+        self, batch: RaggedBatch, embed: torch.Tensor, rope: torch.Tensor, final_norm: torch.Tensor, pooling: str
+    ) -> torch.Tensor:
+        """The batch's pooled vectors [sequences, hidden] in float32 (empty sequences: zeros), by
+        `pooling` (see POOLING); `embed`, `final_norm`: the model's embedding and final norm."""
+        tokens, sequences, device = batch.num_tokens, batch.num_sequences, embed.device
+        assert tokens <= MAX_TOKENS and rope.dtype == torch.float32
+        assert batch.input_ids.dtype == torch.int32 and batch.cu_seqlens.dtype == torch.int32
+        count = batch.token_count
+        if count is None:
+            count = torch.full((1,), tokens, dtype=torch.int32, device=device)
+        out = torch.empty(sequences, self.hidden, dtype=torch.float32, device=device)
+        tensors = [batch.input_ids, batch.cu_seqlens, count, embed, rope, *self._scratch, self.barrier,
+                   *(self.stacks[name] for name in LAYER_TENSORS), final_norm, out]  # fmt: skip
+        args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
+        args += [ctypes.c_int(sequences), ctypes.c_int(POOLING[pooling]), ctypes.c_float(self.eps)]
+        args.append(ctypes.c_float(self.scale))
+        stream = torch.cuda.current_stream(device).cuda_stream
         self._driver.launch(self._function, self.programs, _THREADS, self.shared, stream, args)
+        return out

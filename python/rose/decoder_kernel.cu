@@ -1,8 +1,12 @@
-// Qwen3's decoder layers for a batch of at most 16 tokens in one persistent launch of GRID blocks
-// (one an SM), compiled at run time by NVRTC (rose.nvrtc) with the model's sizes as macros:
+// A query of at most 16 tokens from its ids to its pooled vectors in one persistent launch of GRID
+// blocks (one an SM): the embedding's rows, Qwen3's decoder layers, the final RMSNorm and the
+// pooling. Compiled at run time by NVRTC (rose.nvrtc) with the model's sizes as macros:
 //   HID, INTER, HQ, HK, D, NLAYERS, CAUSAL, GRID, STAGES, FP16 (0: bfloat16), and SQUARES (where
 //   the rows' sums of squares lie in `bar`, away from the barrier's counter).
 // rose.cuda_decoder.fits() says which sizes it takes (Qwen3-0.6B's, with GRID = HID / 8 = 128).
+// One launch for the whole query, because in a CUDA graph the small kernels around the layers
+// (gathering the embeddings, positions and sequence ids, the final norm, the pooling) cost a node
+// and a dependency each (17 nodes around the layers before, 25 us of their kernels).
 //
 // A 16-token query is bound by reading the weights (881 MB for Qwen3-0.6B, 0.2 ms at the H200's
 // bandwidth) and by the chain of phases, four a layer, that meet at grid-wide barriers. So the
@@ -19,7 +23,8 @@
 // What block b computes each phase (its weight chunks: 8 rows x HID, or O_ROWS rows x D for O):
 //   QKV      columns [b*QC, (b+1)*QC) of q, k, v; the input RMSNorm folded in as
 //            rstd * ((x * g) @ W), x * g read in 16 bits (xg) and the rows' squares (squares) as
-//            the down phase before left them (layer 0: from x)
+//            the down phase before left them (layer 0: from the embedding's rows, and the block
+//            writes x's columns [b*8, b*8 + 8) from them)
 //   attn+O   head b / O_BLOCKS (QK-norm, RoPE, softmax over the block-diagonal mask) times O's
 //            output columns [(b % O_BLOCKS) * ORB, +ORB), added into x by atomics (the heads share
 //            x's columns)
@@ -28,6 +33,7 @@
 //   down     x's columns [b*8, b*8 + 8) over all of INTER, added to x; the block, owning them,
 //            stores them times the next layer's input-norm weights in 16 bits into xg and adds
 //            their squares to the rows' sums (half the bytes of x for every block to read next)
+//   tail     (after the last down phase) the final norm of those 8 columns, pooled per sequence
 // The products are mma.sync m16n8k16 (16 tokens fill its M). Their A operand stays in registers:
 // warp w takes the slice [w*HID/8, (w+1)*HID/8) of the inner dimension, and the warps' partial sums
 // (and the RMSNorm's squares) are added up in shared memory. Each thread reads 8 consecutive k of a
@@ -242,37 +248,58 @@ __device__ void grid_sync(unsigned* bar, unsigned epoch) {
     cbar();
 }
 
+// A normed GEMM's A operand: x in float32, or (layer 0) the rows of the embedding at ids.
+struct NormSource {
+    const float* x;
+    const int* ids;
+    const u16* embed;
+};
+
+// 8 values of row `row` from k = unit * 8, in float32.
+template <bool EMBEDDED>
+__device__ __forceinline__ void load_unit(const NormSource& src, int row, int unit, float out[8]) {
+    if (EMBEDDED) {
+        uint4 v = *(const uint4*)(src.embed + (long)src.ids[row] * HID + unit * 8);
+        u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) out[2 * k] = to_f32(w[k] & 0xffff), out[2 * k + 1] = to_f32(w[k] >> 16);
+    } else {
+        float4 lo = load_cg4f(src.x + row * HID + unit * 8), hi = load_cg4f(src.x + row * HID + unit * 8 + 4);
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) out[k] = v[k];
+    }
+}
+
 // The warp's slice of A = x * g (rows past n zero) in the mma's order: lo[s], hi[s] are 8 k of
 // rows g and g + 8 at unit (warp * 4 * STEPS + 4 * s + q); the slice's squares of x per row go to
 // sq[warp * 16 + row].
-__device__ __forceinline__ void load_normed(const float* x, const u16* gain, uint4 lo[STEPS], uint4 hi[STEPS],
+template <bool EMBEDDED>
+__device__ __forceinline__ void load_normed(const NormSource& src, const u16* gain, uint4 lo[STEPS], uint4 hi[STEPS],
                                             float* sq, int n) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    float4 v[STEPS][4];
+    float a[STEPS][8], c[STEPS][8];
     uint4 gw[STEPS];
 #pragma unroll
     for (int s = 0; s < STEPS; s++) {
         int unit = warp * 4 * STEPS + 4 * s + q;
-        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-        v[s][0] = g < n ? load_cg4f(x + g * HID + unit * 8) : zero;
-        v[s][1] = g < n ? load_cg4f(x + g * HID + unit * 8 + 4) : zero;
-        v[s][2] = g + 8 < n ? load_cg4f(x + (g + 8) * HID + unit * 8) : zero;
-        v[s][3] = g + 8 < n ? load_cg4f(x + (g + 8) * HID + unit * 8 + 4) : zero;
+#pragma unroll
+        for (int k = 0; k < 8; k++) a[s][k] = c[s][k] = 0.f;
+        if (g < n) load_unit<EMBEDDED>(src, g, unit, a[s]);
+        if (g + 8 < n) load_unit<EMBEDDED>(src, g + 8, unit, c[s]);
         gw[s] = *(const uint4*)(gain + unit * 8);
     }
     float sq_lo = 0.f, sq_hi = 0.f;
 #pragma unroll
     for (int s = 0; s < STEPS; s++) {
-        float a[8] = {v[s][0].x, v[s][0].y, v[s][0].z, v[s][0].w, v[s][1].x, v[s][1].y, v[s][1].z, v[s][1].w};
-        float c[8] = {v[s][2].x, v[s][2].y, v[s][2].z, v[s][2].w, v[s][3].x, v[s][3].y, v[s][3].z, v[s][3].w};
         u32 gs[4] = {gw[s].x, gw[s].y, gw[s].z, gw[s].w}, ol[4], oh[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float g0 = to_f32(gs[k] & 0xffff), g1 = to_f32(gs[k] >> 16);
-            sq_lo += a[2 * k] * a[2 * k] + a[2 * k + 1] * a[2 * k + 1];
-            sq_hi += c[2 * k] * c[2 * k] + c[2 * k + 1] * c[2 * k + 1];
-            ol[k] = pack(a[2 * k] * g0, a[2 * k + 1] * g1);
-            oh[k] = pack(c[2 * k] * g0, c[2 * k + 1] * g1);
+            sq_lo += a[s][2 * k] * a[s][2 * k] + a[s][2 * k + 1] * a[s][2 * k + 1];
+            sq_hi += c[s][2 * k] * c[s][2 * k] + c[s][2 * k + 1] * c[s][2 * k + 1];
+            ol[k] = pack(a[s][2 * k] * g0, a[s][2 * k + 1] * g1);
+            oh[k] = pack(c[s][2 * k] * g0, c[s][2 * k + 1] * g1);
         }
         lo[s] = make_uint4(ol[0], ol[1], ol[2], ol[3]);
         hi[s] = make_uint4(oh[0], oh[1], oh[2], oh[3]);
@@ -339,11 +366,11 @@ __device__ __forceinline__ void partial_products(const uint4 lo[STEPS], const ui
 
 // RMSNorm(x) (rows past n zero) times the ring's next NCH chunks, before the norm's rstd: each
 // warp's partial products go to red[k][warp], the squares of its slice of x to sq.
-template <int NCH>
-__device__ __forceinline__ void normed_products(const float* x, const u16* gain, float* red, float* sq, Ring& ring,
-                                                int n) {
+template <int NCH, bool EMBEDDED>
+__device__ __forceinline__ void normed_products(const NormSource& src, const u16* gain, float* red, float* sq,
+                                                Ring& ring, int n) {
     uint4 lo[STEPS], hi[STEPS];
-    load_normed(x, gain, lo, hi, sq, n);
+    load_normed<EMBEDDED>(src, gain, lo, hi, sq, n);
     partial_products<NCH>(lo, hi, red, ring);
 }
 
@@ -386,12 +413,25 @@ struct AttnConsts {
     unsigned mask;
 };
 
-__device__ AttnConsts attn_consts(const int* positions, const long long* seq_ids, const float* rope, int n) {
+// Token t's sequence (searchsorted(cu[1:], t, right=True)) and position in it, for t < ROWS:
+// derived here from the offsets, so that nothing but ids and offsets is uploaded for a batch.
+__shared__ int token_seq[ROWS], token_pos[ROWS];
+
+__device__ __forceinline__ void locate_tokens(const int* cu, int sequences) {
+    int t = threadIdx.x;
+    if (t < ROWS) {
+        int s = 0;
+        for (int i = 1; i <= sequences; i++) s += cu[i] <= t;
+        token_seq[t] = s, token_pos[t] = t - cu[min(s, sequences)];
+    }
+}
+
+__device__ AttnConsts attn_consts(const float* rope, int n) {
     AttnConsts c;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        int row = warp + 8 * r, position = row < n ? positions[row] : 0;
+        int row = warp + 8 * r, position = row < n ? token_pos[row] : 0;
 #pragma unroll
         for (int i = 0; i < PER; i++) {
             c.cos[r][i] = rope[position * D + lane + 32 * i];
@@ -406,7 +446,7 @@ __device__ AttnConsts attn_consts(const int* positions, const long long* seq_ids
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             int key = keys[k];
-            bool seen = row < n && key < n && seq_ids[row] == seq_ids[key] && (!CAUSAL || key <= row);
+            bool seen = row < n && key < n && token_seq[row] == token_seq[key] && (!CAUSAL || key <= row);
             c.mask |= (unsigned)seen << (4 * r + k);
         }
     }
@@ -534,11 +574,32 @@ __device__ void attend(const u16* qkv, int head, const NormWeights& nw, const At
     cbar();
 }
 
+// The tail: the final RMSNorm of the block's 8 columns of x (`kept`, [16, 8] in shared memory,
+// once the rows' squares are complete) and their pooling into out [sequences, HID]: mean (0), the
+// first token (1) or the last (2) of each sequence. Empty sequences (a graph's padding) get zeros.
+// Not inlined: inlined, it made ptxas spill a register across the layers' loop.
+__device__ __noinline__ void pool_rows(const float* kept, const float* squares, const int* cu, const u16* final_norm,
+                                       float* out, float* rstd, int sequences, int pooling, int n, float eps) {
+    int tid = threadIdx.x, b = blockIdx.x;
+    if (tid < ROWS) rstd[tid] = tid < n ? rsqrtf(load_cgf(squares + tid) / HID + eps) : 0.f;
+    cbar();
+    for (int e = tid; e < sequences * 8; e += CONSUMERS) {
+        int s = e / 8, c = e % 8, first = cu[s], end = min(cu[s + 1], n);
+        float gain = to_f32(final_norm[b * 8 + c]), value = 0.f;
+        if (first < end) {
+            int from = pooling == 1 ? first : pooling == 2 ? end - 1 : first, to = pooling == 0 ? end : from + 1;
+            for (int row = from; row < to; row++) value += round16(gain * round16(kept[row * 8 + c] * rstd[row]));
+            value /= to - from;
+        }
+        out[s * HID + b * 8 + c] = value;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positions, const long long* seq_ids,
-               const float* rope, unsigned* bar, const u16* in_norm, const u16* w_qkv, const u16* q_norm,
+decoder_layers(const int* ids, const int* cu, const int* count, const u16* embed, const float* rope, float* x,
+               u16* qkv, u16* act, u16* xg, unsigned* bar, const u16* in_norm, const u16* w_qkv, const u16* q_norm,
                const u16* k_norm, const u16* w_o, const u16* post_norm, const u16* w_gu, const u16* w_down,
-               u16* xg, float eps, float scale) {
+               const u16* final_norm, float* out, int sequences, int pooling, float eps, float scale) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* slots = smem;
     unsigned long long* full = (unsigned long long*)(slots + STAGES * SLOT);
@@ -556,6 +617,7 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         started = -1;
     }
+    locate_tokens(cu, sequences);
     __syncthreads();
     if (tid >= CONSUMERS) {
         Weights w = {w_qkv, w_o, w_gu, w_down};
@@ -570,7 +632,7 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
     // squares[(l + 1) & 1], the QKV of layer l + 1 reads it, and block 0 sets it back to zero after
     // the barrier that follows (a launch leaves them at zero, as the barrier).
     float* squares = (float*)(bar + SQUARES);
-    const AttnConsts ac = attn_consts(positions, seq_ids, rope, n);
+    const AttnConsts ac = attn_consts(rope, n);
     for (int layer = 0; layer < NLAYERS; layer++) {
         // Loads that need nothing of the phases before them go first.
         NormWeights nw = norm_weights(q_norm + layer * D, k_norm + layer * D);
@@ -579,7 +641,10 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         const int qkv_row = element_row((2 * tid) % 128);
         float row_squares = 0.f;
         if (layer == 0) {
-            normed_products<QKV_CHUNKS>(x, in_norm, red, sq, ring, n);
+            normed_products<QKV_CHUNKS, true>(NormSource{nullptr, ids, embed}, in_norm, red, sq, ring, n);
+            // x starts as the embeddings: the columns' owners (as in the down phase) write them.
+            const int row = element_row(tid & 127), col = b * 8 + element_col(tid & 127);
+            if (tid < 128 && row < n) x[row * HID + col] = to_f32(embed[(long)ids[row] * HID + col]);
         } else {
             row_squares = load_cgf(squares + (layer & 1) * ROWS + qkv_row);
             uint4 lo[STEPS], hi[STEPS];
@@ -630,7 +695,7 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         // Gate-up
         mark_started(layer * 4 + 2);
         if (b == 0 && tid < ROWS) squares[(layer & 1) * ROWS + tid] = 0.f;  // every QKV has read them
-        normed_products<GU_CHUNKS>(x, post_norm + layer * HID, red, sq, ring, n);
+        normed_products<GU_CHUNKS, false>(NormSource{x, nullptr, nullptr}, post_norm + layer * HID, red, sq, ring, n);
         cbar();
         for (int e = 2 * tid; e < GC / 8 * 128; e += 2 * CONSUMERS) {
             int task = e / 128, row = element_row(e % 128);
@@ -665,25 +730,31 @@ decoder_layers(float* x, u16* qkv, u16* act, const int* count, const int* positi
         cbar();
         if (tid < 128) {
             float value = old + reduce(red, 0, tid);  // 0 past row n
-            if (row < n) x[row * HID + col] = value;
-            if (layer + 1 < NLAYERS) {
+            const bool last = layer + 1 == NLAYERS;
+            if (last) {
+                value = round16(value);  // the final norm reads x in 16 bits, as the layer-by-layer path
+                sq[row * 8 + (col & 7)] = value;
+            } else {
+                if (row < n) x[row * HID + col] = value;
                 float scaled = value * to_f32(in_norm[(layer + 1) * HID + col]);
                 float next = __shfl_xor_sync(0xffffffffu, scaled, 1);  // the element at col + 1
                 if (!(tid & 1) && row < n) *(u32*)(xg + row * HID + col) = pack(scaled, next);
-                // Lanes that differ in bits 0, 2 and 3 hold the row's 8 columns.
-                float square = value * value;
-                square += __shfl_xor_sync(0xffffffffu, square, 1);
-                square += __shfl_xor_sync(0xffffffffu, square, 4);
-                square += __shfl_xor_sync(0xffffffffu, square, 8);
-                if (!(tid & 13) && row < n) atomicAdd(squares + ((layer + 1) & 1) * ROWS + row, square);
             }
+            // Lanes that differ in bits 0, 2 and 3 hold the row's 8 columns.
+            float square = value * value;
+            square += __shfl_xor_sync(0xffffffffu, square, 1);
+            square += __shfl_xor_sync(0xffffffffu, square, 4);
+            square += __shfl_xor_sync(0xffffffffu, square, 8);
+            if (!(tid & 13) && row < n) atomicAdd(squares + ((layer + 1) & 1) * ROWS + row, square);
         }
-        if (layer + 1 < NLAYERS) grid_sync(bar, ++epoch);
+        grid_sync(bar, ++epoch);
     }
+    pool_rows(sq, squares + (NLAYERS & 1) * ROWS, cu, final_norm, out, red, sequences, pooling, n, eps);
     // The last block out sets the barrier back for the next launch (every other block has left it).
     cbar();
     if (tid == 0 && atomicAdd(bar + 1, 1u) == GRID - 1) {
         atomicExch(bar, 0u);
         atomicExch(bar + 1, 0u);
+        for (int row = 0; row < ROWS; row++) squares[(NLAYERS & 1) * ROWS + row] = 0.f;  // read by every block
     }
 }

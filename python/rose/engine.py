@@ -112,7 +112,8 @@ class Engine:
             # Held, not looked up: torch's current-stream lookups cost the host a few us each, several a step.
             self._stream = torch.cuda.current_stream(self.device)
             self._copy_stream = torch.cuda.Stream(self.device)
-            self._inputs = DeviceInputs(self.device, *bucket(self.max_batch_tokens, self.max_batch_requests))
+            max_tokens, max_sequences = bucket(self.max_batch_tokens, self.max_batch_requests)
+            self._inputs = DeviceInputs(self.device, max_tokens, max_sequences, self._stream)
             self._timeline = StepTimeline()
             self._last_copy: torch.cuda.Event | None = None
             if cuda_graphs != "off":
@@ -238,7 +239,7 @@ class Engine:
             batch = self._inputs.fill(ids, cu, key[0], key[1], max_seqlen=bound)
             attention = self.graphs.attention_for(key, batch)
             attention.plan(batch)
-            self._inputs.mark_uploaded(self._stream)
+            self._inputs.mark_uploaded()
             pooled = self.graphs.run(key, batch, self._forward)[:sequences]
         else:
             if tokens <= self._inputs.max_tokens and sequences <= self._inputs.max_sequences:
@@ -246,7 +247,7 @@ class Engine:
             else:  # larger than the static buffers: a one-off upload
                 batch = RaggedBatch.from_host(ids, cu, self.device)
             self.attention.plan(batch)
-            self._inputs.mark_uploaded(self._stream)
+            self._inputs.mark_uploaded()
             pooled = self._forward(batch, self.attention)
         # The copy first: the timeline's bookkeeping (~20 us of the host) can wait, the result cannot.
         lazy = LazyTensor.from_device(pooled, self._copy_stream, self._stream)
@@ -255,7 +256,10 @@ class Engine:
         return lazy
 
     def _forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
-        """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
+        """Token ids to pooled float32 vectors: the region a CUDA graph captures. A model may pool
+        its states itself (Qwen3's one-launch path for single queries does)."""
+        if hasattr(self.model, "pooled"):
+            return self.model.pooled(batch, attention, self.pooling)
         return pool(self.model.forward(batch, attention), batch, self.pooling)
 
     def _warm(self, spec: str) -> None:

@@ -240,6 +240,8 @@ class FusedDecoder:
     so the eager path and the kernel share one copy."""
 
     max_tokens = MAX_TOKENS
+    pools = False
+    """It returns token states, which the model norms and pools (unlike rose.cuda_decoder's)."""
 
     def __init__(self, layers: list, spec: AttentionSpec, eps: float, device: torch.device,
                  programs: int | None = None, block_k: int = 256, num_warps: int = 8) -> None:  # fmt: skip

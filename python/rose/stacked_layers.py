@@ -1,6 +1,7 @@
 """The decoder layers' weights stacked by layer, as the one-launch decoders (rose.fused_decoder,
 rose.cuda_decoder) read them: each layer's tensors become views into the stacks, so the eager
-path and the kernel share one copy. Also the tensors both kernels take, in their order."""
+path and the kernel share one copy. Also the tensors the Triton kernel takes, in their order (the
+CUDA one takes the stacks in LAYER_TENSORS' order too)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def kernel_tensors(
     x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor, barrier: torch.Tensor, stacks: dict[str, torch.Tensor],
     qkv_width: int, inter: int,
 ) -> list[torch.Tensor]:  # fmt: skip
-    """The decoders' tensor arguments: x, their scratch q/k/v [tokens, qkv_width] and activation
+    """rose.fused_decoder's tensor arguments: x, their scratch q/k/v [tokens, qkv_width] and activation
     [tokens, inter], the token count (the batch's, or x's rows), positions, sequence ids, rope,
     the grid barrier, then the stacks in LAYER_TENSORS' order."""
     tokens, dtype, device = x.shape[0], stacks["qkv"].dtype, x.device

@@ -15,6 +15,7 @@ from rose import kernels
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.layers import Linear, Weights
+from rose.pooling import pool
 
 if TYPE_CHECKING:
     from rose.cuda_decoder import CudaDecoder
@@ -125,10 +126,17 @@ class Qwen3:
         except ValueError:
             return None
 
+    def pooled(self, batch: RaggedBatch, attention: AttentionBackend, pooling: str) -> torch.Tensor:
+        """[tokens] ids -> [sequences, hidden] float32 vectors pooled by `pooling` (rose.pooling's
+        modes): in one launch where the CUDA decoder takes the batch, else forward(), then pool."""
+        if self.fused is not None and self.fused.pools and batch.num_tokens <= self.fused.max_tokens:
+            return self.fused(batch, self.embed_tokens, self.rope, self.norm, pooling)
+        return pool(self.forward(batch, attention), batch, pooling)
+
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states after the final norm."""
         spec = self.attention_spec
-        if self.fused is not None and batch.num_tokens <= self.fused.max_tokens:
+        if self.fused is not None and not self.fused.pools and batch.num_tokens <= self.fused.max_tokens:
             x = self.embed_tokens[batch.input_ids].float()
             self.fused(x, batch, self.rope)
             return kernels.rmsnorm(x.to(self.norm.dtype), self.norm, self.eps)
