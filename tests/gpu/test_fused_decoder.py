@@ -78,3 +78,22 @@ def test_the_cuda_decoder_matches_the_reference_and_the_triton_decoder(tmp_path,
         assert cosines(got, cuda_eager.embed_ids(sequences)).min() >= 0.9999
     assert cuda.stats()["cuda_graphs"]["replays"] > 0
     assert not cuda.model.fused.barrier.any()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_the_cuda_decoder_pools_as_the_layer_by_layer_path(tmp_path, monkeypatch, pooling: str):
+    """The CUDA kernel norms and pools in its tail: each mode, through graph replays, against the
+    layer-by-layer path's norm and rose.pooling.pool."""
+    folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=pooling == "mean")
+    monkeypatch.setenv("ROSE_FUSED_DECODER", "auto")
+    cuda = rose.Engine(folder, device="cuda", cuda_graphs="lazy", verify=False, pooling=pooling)
+    monkeypatch.setenv("ROSE_FUSED_DECODER", "0")
+    plain = rose.Engine(folder, device="cuda", verify=False, pooling=pooling)
+    assert cuda.stats()["fused_decoder"]["kernel"] == "cuda"
+    rng = np.random.default_rng(11)
+    for sequences in short_batches(rng, 6, max_sequences=6, max_length=6):
+        got, expected = cuda.embed_ids(sequences, normalize=False), plain.embed_ids(sequences, normalize=False)
+        assert cosines(got, expected).min() >= 0.999
+        assert np.allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=0.02)
+    assert cuda.stats()["cuda_graphs"]["replays"] > 0
+    assert not cuda.model.fused.barrier.any()
