@@ -126,14 +126,19 @@ class Engine:
         # torch._dynamo (1.2 s on the H200) with torch's varlen kernel, FlashInfer or FA4 alike.
         auto = self.attention if isinstance(self.attention, AutoBackend) else None
         self._long_pending = defer_attention and auto is not None and bool(auto.small or auto.deferred)
+        # Likewise, with a path of its own for single queries (the fused decoder), start-up checks
+        # that path only; the first batch longer than it takes waits for the short batches' check
+        # (see _check_short_batches), whose first runs (cuBLAS's and Triton's) took 0.2-0.5 s.
+        checks = verify and (on_gpu or self.matmul_dtype != self.dtype)
+        self._short_pending = defer_attention and checks and self.smallest_bucket is not None
         if triton_key is not None:
             wait([triton_key])
         for spec in warmup:
             self._warm(spec)
         marks.append(time.perf_counter())
-        if verify and (on_gpu or self.matmul_dtype != self.dtype):
-            tiers = fidelity.TIERS[:-1] if self._long_pending else fidelity.TIERS
-            self.fidelity = self.check_fidelity(weights=weights, tiers=tiers)
+        if checks:  # the tiers left for later (above) are checked before the first batch they serve
+            left = 2 if self._short_pending else 1 if self._long_pending else 0
+            self.fidelity = self.check_fidelity(weights=weights, tiers=fidelity.TIERS[: len(fidelity.TIERS) - left])
         del weights
         marks.append(time.perf_counter())
         # Where start-up time goes, for /info: the first-answer target depends on it.
@@ -169,7 +174,7 @@ class Engine:
         libraries imported in the background, switches to the full "auto" backend, and runs the
         fidelity check's batches again, the long ones too (falling back as at start if they
         diverge): the full backend comes with graphs of its own."""
-        self._long_pending = False
+        self._long_pending = self._short_pending = False
         if isinstance(self.attention, AutoBackend) and self.attention.deferred:
             try:
                 if self._deferred is not None:
@@ -182,6 +187,13 @@ class Engine:
             self._deferred = None
         if self._expected is not None and self.fidelity is not None:
             self.fidelity["long_batches"] = fidelity.check(self, self._expected)
+
+    def _check_short_batches(self) -> None:
+        """Before the first batch longer than the single-query path takes: the fidelity check of the
+        short batches' path, left from start-up (falling back as at start if they diverge)."""
+        self._short_pending = False
+        if self._expected is not None and self.fidelity is not None:
+            self.fidelity["short_batches"] = fidelity.check(self, self._expected, tiers=("short",))
 
     @property
     def dimensions(self) -> int:
@@ -219,7 +231,9 @@ class Engine:
     def _step_cuda(self, ids: np.ndarray, cu: np.ndarray) -> LazyTensor:
         tokens, sequences = len(ids), len(cu) - 1
         if self._long_pending and not (isinstance(self.attention, AutoBackend) and self.attention.takes_small(tokens)):
-            self._prepare_long_batches()
+            self._prepare_long_batches()  # checks every tier, the short batches' too
+        if self._short_pending and tokens > self.smallest_bucket:
+            self._check_short_batches()
         longest = int(np.diff(cu).max()) if sequences else 0
         # Graphs share one memory pool: the previous result leaves it before the next replay.
         if self._last_copy is not None:
@@ -304,6 +318,7 @@ class Engine:
             "attention_deferred": self.attention.deferred if isinstance(self.attention, AutoBackend) else [],
             "attention_importing": self._deferred is not None and not self._deferred.done(),
             "long_batches_pending": bool(self._long_pending),
+            "short_batches_pending": bool(self._short_pending),
             "cuda_graphs": self.graphs.describe() if self.graphs else {"mode": "off"},
             "fidelity": self.fidelity,
             "startup_seconds": self.startup_seconds,

@@ -59,10 +59,16 @@ def test_a_server_checks_and_serves_queries_first_and_long_batches_after_the_def
     engine, sequences, expected = qwen3
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
     assert served.attention.name == "auto(torch,triton)" and served.stats()["attention_deferred"] == ["fa2", "fa3"]
-    assert served.fidelity["sequences"] == 5 and served.stats()["long_batches_pending"]  # 1+3+8+16+17 tokens
-    assert served.fidelity["tiers"] == ["single", "short"]
+    # Start-up checks the single queries' path (the CUDA decoder): 1, 3, 8 and 16 tokens.
+    assert served.fidelity["sequences"] == 4 and served.fidelity["tiers"] == ["single"]
+    assert served.stats()["short_batches_pending"] and served.stats()["long_batches_pending"]
     served._deferred.result(timeout=300)
-    served.embed_ids([[5] * 16])  # an online query does not wait for the long batches' check
+    served.embed_ids([[5] * 16])  # an online query waits for neither of the later checks
+    assert served.stats()["short_batches_pending"] and served.attention.name == "auto(torch,triton)"
+    served.embed_ids([[5] * 40])  # a short batch waits for its path's check (1+3+8+16+17 tokens), not the long one's
+    short_batches = served.fidelity["short_batches"]
+    assert short_batches["worst_cosine"] >= THRESHOLD and short_batches["sequences"] == 5
+    assert not served.stats()["short_batches_pending"] and served.stats()["long_batches_pending"]
     assert served.attention.name == "auto(torch,triton)"
     vectors = served.embed_ids(sequences, normalize=False)
     assert served.attention.name == "auto(fa2,fa3,triton)" and not served.stats()["long_batches_pending"]
