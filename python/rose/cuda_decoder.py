@@ -134,6 +134,7 @@ class CudaDecoder:
         tokens, sequences, device = batch.num_tokens, batch.num_sequences, embed.device
         assert tokens <= MAX_TOKENS and rope.dtype == torch.float32
         assert batch.input_ids.dtype == torch.int32 and batch.cu_seqlens.dtype == torch.int32
+        assert embed.dtype == final_norm.dtype == self.stacks["qkv"].dtype
         count = batch.token_count
         if count is None:
             count = torch.full((1,), tokens, dtype=torch.int32, device=device)

@@ -33,7 +33,7 @@ class DeviceInputs:
         self._driver = CudaDriver(device.index if device.index is not None else torch.cuda.current_device())
         # The views a batch of (tokens, sequences) reads, made once: slicing tensors costs the host
         # ~2 us a view, and a graph's bucket repeats (fill took 57 us of a query's 118 before its replay).
-        self._views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        self._views: dict[tuple[int, int], tuple] = {}
         # One event, recorded again for each batch once the previous one's uploads are done.
         self._uploaded = torch.cuda.Event()
         self._pending = False
