@@ -3,9 +3,9 @@ kernel, decoder_kernel.cu (the file says how it works), for the sizes it takes: 
 rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.54-0.55 ms a
 16-token query on the H200 where the Triton one took 0.78 (benches/RESULTS.md).
 
-The kernel is compiled by NVRTC for the model's sizes when the model loads; rose.nvrtc keeps the
-cubin on disk, so a later start only reads it. It is launched through the driver on torch's
-current stream, so CUDA graphs capture it like any kernel.
+The kernel is compiled by NVRTC for the model's sizes (rose.decoder_build: a server's start does it
+while torch imports); rose.nvrtc keeps the cubin on disk, so a later start only reads it. It is
+launched through the driver on torch's current stream, so CUDA graphs capture it like any kernel.
 
 The grid barrier needs every block resident at once (one per SM). Other kernels only delay it, but
 two launches of it running together on one GPU (two streams, or two processes under MPS) could
@@ -17,62 +17,13 @@ import ctypes
 
 import torch
 
-from rose import nvrtc
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
 from rose.cuda_driver import CudaDriver
+from rose.decoder_build import MAX_TOKENS, SQUARES, STAGES, compile_kernel, fits, shared_bytes
 from rose.stacked_layers import LAYER_TENSORS, stack_layers
 
-MAX_TOKENS = 16
-"""The largest (padded) batch the kernel takes: the M of one tensor-core product."""
-
-STAGES = 8
-"""Weight chunks of 16 KB in flight a block (6 and 10 were no faster on the H200)."""
-
 _THREADS = 288  # 8 consumer warps and the producer
-_SLOT = 16384  # bytes of a weight chunk in shared memory
-_MAX_SHARED = 227 * 1024  # an H100's or H200's shared memory a block
-_STATIC_SHARED = 256  # the kernel's `started` and token_seq, token_pos, as ptxas places them
-_SQUARES = 1024  # the rows' sums of squares in the barrier tensor: 4 KB from the counter every block polls
-
-
-def fits(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, sms: int) -> bool:
-    """Whether the kernel takes a model of these sizes on a GPU of `sms` SMs: a block a group of 8
-    of x's columns (so HID / 8 blocks, all resident), a chunk of 8 weight rows over the hidden
-    dimension (16 KB), heads of 128 dims split evenly over the blocks."""
-    grid = hidden // 8
-    return (
-        hidden * 8 * 2 == _SLOT
-        and grid <= sms
-        and head_dim == 128
-        and heads % kv_heads == 0
-        and grid % heads == 0
-        and ((heads + 2 * kv_heads) * head_dim) % (grid * 8) == 0
-        and (hidden // (grid // heads)) % (_SLOT // 2 // head_dim) == 0
-        and inter % (grid * 8) == 0
-        and inter % hidden == 0
-        and shared_bytes(hidden, inter, heads, kv_heads, head_dim) + _STATIC_SHARED <= _MAX_SHARED
-    )
-
-
-def shared_bytes(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int) -> int:
-    """The kernel's shared memory, as laid out there: the ring and its mbarriers, the warps'
-    partial products and squares, the attention's q, k, v and output."""
-    grid, rows = hidden // 8, MAX_TOKENS
-    chunks = max((heads + 2 * kv_heads) * head_dim // grid // 8, 2 * (inter // grid) // 8)
-    ring = STAGES * (_SLOT + 16)
-    partials = chunks * 8 * 128 * 4 + 8 * 16 * 4
-    attention = 3 * rows * head_dim * 2 + rows * (head_dim * 2 + 16)
-    return ring + partials + attention
-
-
-def kernel_options(
-    hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, layers: int, causal: bool, fp16: bool
-) -> list[str]:
-    """NVRTC's -D options for decoder_kernel.cu at these sizes (the macros its header lists)."""
-    sizes = dict(HID=hidden, INTER=inter, HQ=heads, HK=kv_heads, D=head_dim, NLAYERS=layers, CAUSAL=int(causal),
-                 GRID=hidden // 8, STAGES=STAGES, FP16=int(fp16), SQUARES=_SQUARES)  # fmt: skip
-    return [f"-D{name}={value}" for name, value in sizes.items()]
 
 
 POOLING = {"mean": 0, "cls": 1, "last": 2}
@@ -103,17 +54,15 @@ class CudaDecoder:
         self.programs = hidden // 8
         self.shared = shared_bytes(hidden, inter, heads, kv_heads, head_dim)
         dtype = first.qkv.weight.dtype
-        options = kernel_options(hidden, inter, heads, kv_heads, head_dim, len(layers), spec.causal,
-                                 dtype == torch.float16)  # fmt: skip
-        cubin = nvrtc.compile_cubin(nvrtc.source("decoder_kernel.cu"), "decoder_kernel",
-                                    properties.major * 10 + properties.minor, options)  # fmt: skip
+        cubin = compile_kernel(hidden, inter, heads, kv_heads, head_dim, len(layers), spec.causal,
+                               dtype == torch.float16, properties.major * 10 + properties.minor)  # fmt: skip
         index = device.index if device.index is not None else torch.cuda.current_device()
         self._driver = CudaDriver(index)
         self._function = self._driver.load_function(cubin, "decoder_layers", self.shared)
         self.stacks = stack_layers(layers)
-        # [0]: blocks arrived, [1]: blocks gone; from _SQUARES: the rows' sums of squares (float32,
+        # [0]: blocks arrived, [1]: blocks gone; from SQUARES: the rows' sums of squares (float32,
         # by layer parity). The kernel leaves them all at zero.
-        self.barrier = torch.zeros(_SQUARES + 2 * MAX_TOKENS, dtype=torch.int32, device=device)
+        self.barrier = torch.zeros(SQUARES + 2 * MAX_TOKENS, dtype=torch.int32, device=device)
         # The kernel's scratch: x (the residual stream, float32), q k v, the MLP's activation, and
         # x * g for the next QKV (16-bit). One launch runs at a time (see above).
         self._scratch = [

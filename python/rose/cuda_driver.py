@@ -11,6 +11,9 @@ from typing import Any
 _NON_BLOCKING_STREAM = 1
 _EVENT_DISABLE_TIMING = 2
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_MULTIPROCESSOR_COUNT = 16
+_COMPUTE_CAPABILITY_MAJOR = 75
+_COMPUTE_CAPABILITY_MINOR = 76
 
 
 class CudaError(RuntimeError):
@@ -27,6 +30,7 @@ class CudaDriver:
         handle, self.context = ctypes.c_int(), ctypes.c_void_p()
         self._call("cuInit", 0)
         self._call("cuDeviceGet", ctypes.byref(handle), index)
+        self._device = handle
         # Retained for the process's life, as torch's runtime would: it is the same context.
         self._call("cuDevicePrimaryCtxRetain", ctypes.byref(self.context), handle)
         self.make_current()
@@ -40,6 +44,18 @@ class CudaDriver:
         status = function(*args)
         if status != 0:
             raise CudaError(f"{name} returned CUDA error {status}")
+
+    def _attribute(self, attribute: int) -> int:
+        value = ctypes.c_int()
+        self._call("cuDeviceGetAttribute", ctypes.byref(value), attribute, self._device)
+        return value.value
+
+    def arch(self) -> int:
+        """The device's compute capability as NVRTC names it: 90 for sm_90."""
+        return self._attribute(_COMPUTE_CAPABILITY_MAJOR) * 10 + self._attribute(_COMPUTE_CAPABILITY_MINOR)
+
+    def sm_count(self) -> int:
+        return self._attribute(_MULTIPROCESSOR_COUNT)
 
     def free_memory(self) -> int:
         """Bytes free on the device."""

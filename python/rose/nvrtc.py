@@ -10,6 +10,8 @@ import glob
 import hashlib
 import os
 import sys
+import threading
+from concurrent.futures import Future
 from functools import cache
 from pathlib import Path
 
@@ -59,19 +61,39 @@ def _check(status: int, what: str) -> None:
         raise NvrtcError(f"{what} returned NVRTC error {status}")
 
 
+# Compiles under way, by cache key: a second caller (the engine, while rose.prestart's thread
+# compiles the same kernel) waits for the first instead of compiling it again.
+_compiling: dict[str, Future[bytes]] = {}
+_compiling_lock = threading.Lock()
+
+
 def compile_cubin(source: str, name: str, arch: int, options: list[str]) -> bytes:
     """The cubin of `source` for sm_{arch} (such as 90), from the cache when it has it."""
     options = [f"--gpu-architecture=sm_{arch}", "-default-device", "-std=c++17", *options]
     key = hashlib.sha256("\0".join([source, *options, _fingerprint()]).encode()).hexdigest()[:24]
     path = cache_dir("nvrtc", f"{name}-{key}.cubin")
-    if path.exists():
-        return path.read_bytes()
-    cubin = _compile(source, name, options)
+    with _compiling_lock:
+        underway = _compiling.get(key)
+        if underway is None:
+            if path.exists():
+                return path.read_bytes()
+            mine = _compiling[key] = Future()
+    if underway is not None:
+        return underway.result()
     try:
-        write_whole(path, lambda out: out.write(cubin))
-    except OSError:  # a read-only cache: compile again next time
-        pass
-    return cubin
+        cubin = _compile(source, name, options)
+        try:
+            write_whole(path, lambda out: out.write(cubin))
+        except OSError:  # a read-only cache: compile again next time
+            pass
+        mine.set_result(cubin)
+        return cubin
+    except BaseException as why:
+        mine.set_exception(why)
+        raise
+    finally:
+        with _compiling_lock:
+            del _compiling[key]
 
 
 def _compile(source: str, name: str, options: list[str]) -> bytes:

@@ -6,16 +6,20 @@ safetensors' pageable copies). Neither needs torch: the driver's calls made thro
 file reads let go of the GIL, so both run while torch imports. torch then finds the device's
 primary context (the one its runtime uses) already made, and rose.weights takes the staged
 weights (`take_staged`). Triton's cache key (rose.triton_key) is hashed here too, but only on a
-start that has none stored: hashing beside the import slowed it. Nothing here imports torch."""
+start that has none stored: hashing beside the import slowed it. So is the CUDA decoder's kernel
+compiled (rose.decoder_build), on a start whose cache has no cubin for it: NVRTC took ~0.9 s of
+the first start on a machine after the import. Nothing here imports torch."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
 
-from rose import triton_key
+from rose import decoder_build, triton_key
 from rose.cuda_driver import CudaDriver, CudaError
 from rose.model_dir import model_root, weight_files
 from rose.staging import StagedFile, stage
@@ -37,18 +41,18 @@ def device_index(device: str) -> int | None:
     return None
 
 
-def start(device: str, model: str | Path | None = None) -> threading.Thread | None:
+def start(device: str, model: str | Path | None = None, dtype: str = "auto") -> threading.Thread | None:
     """Starts, on daemon threads: `device`'s primary CUDA context and copying the weights of the
-    `model` folder (None: the default model) onto it (the thread returned), and Triton's key.
-    Does nothing for the CPU, and quietly nothing without a CUDA driver or device (torch reports
-    those)."""
+    `model` folder (None: the default model) onto it (the thread returned), Triton's key, and the
+    CUDA decoder's kernel where the engine will take it (`dtype`: the engine's). Does nothing for
+    the CPU, and quietly nothing without a CUDA driver or device (torch reports those)."""
     global _staging
     index = device_index(device)
     if index is None:
         return None
     future: Future[tuple[CudaDriver, list[StagedFile]] | None] = Future()
     _staging = index, future
-    thread = threading.Thread(target=_prepare, args=(index, model, future), name="rose-prestart", daemon=True)
+    thread = threading.Thread(target=_prepare, args=(index, model, dtype, future), name="rose-prestart", daemon=True)
     thread.start()
     return thread
 
@@ -105,15 +109,46 @@ def _early_triton() -> None:
         warm_triton()
 
 
-def _prepare(index: int, model: str | Path | None, staged: Future[tuple[CudaDriver, list[StagedFile]] | None]) -> None:
+def compile_decoder(model: str | Path | None, dtype: str, arch: int, sms: int) -> bool:
+    """Compiles the CUDA decoder's kernel for the `model` folder on a GPU of `arch` (90: sm_90)
+    with `sms` SMs, as the engine will want it (rose.models.qwen3, rose.cuda_decoder); returns
+    whether the engine will take it. Later calls read the cubin from NVRTC's cache."""
+    fp16 = {"auto": False, "bfloat16": False, "bf16": False, "float16": True, "fp16": True}.get(dtype)
+    if fp16 is None or arch < 90 or os.environ.get("ROSE_FUSED_DECODER", "auto") in ("0", "triton"):
+        return False
+    config = json.loads((model_root(model) / "config.json").read_text())
+    if config.get("model_type") != "qwen3":
+        return False
+    sizes = decoder_build.qwen3_sizes(config)
+    if not decoder_build.fits(
+        sizes["hidden"], sizes["inter"], sizes["heads"], sizes["kv_heads"], sizes["head_dim"], sms
+    ):
+        return False
+    decoder_build.compile_kernel(**sizes, fp16=fp16, arch=arch)
+    return True
+
+
+def _early_decoder(driver: CudaDriver, model: str | Path | None, dtype: str) -> None:
+    try:
+        compile_decoder(model, dtype, driver.arch(), driver.sm_count())
+    except Exception as why:  # noqa: BLE001 - the engine compiles it, and says what failed
+        log.debug("prestart: the CUDA decoder was not compiled (%s)", why)
+
+
+def _prepare(
+    index: int, model: str | Path | None, dtype: str, staged: Future[tuple[CudaDriver, list[StagedFile]] | None]
+) -> None:
     try:
         driver = CudaDriver(index)
     except (OSError, CudaError) as why:
         log.debug("prestart: no CUDA context (%s)", why)
         staged.set_result(None)
         return
-    # On a thread of its own once there is a GPU: the copies below need not wait for it.
+    # On threads of their own once there is a GPU: the copies below need not wait for them.
     threading.Thread(target=_early_triton, name="rose-prestart-triton", daemon=True).start()
+    threading.Thread(
+        target=_early_decoder, args=(driver, model, dtype), name="rose-prestart-nvrtc", daemon=True
+    ).start()
     try:
         files = weight_files(model_root(model))
         staged.set_result((driver, stage(driver, files)) if files else None)

@@ -78,10 +78,10 @@ impl Rose {
             // A server answers its first queries sooner with the attention libraries that
             // are slow to import loaded in the background (rose.attention.AutoBackend).
             kwargs.set_item("defer_attention", true)?;
-            // The CUDA context, the weights' copy onto the GPU and Triton's key are made on a
-            // thread while `import rose` imports torch.
+            // The CUDA context, the weights' copy onto the GPU, Triton's key and the CUDA
+            // decoder's kernel are made on threads while `import rose` imports torch.
             py.import("rose.prestart")?
-                .call_method1("start", (&args.device, args.model.as_deref()))?;
+                .call_method1("start", (&args.device, args.model.as_deref(), &args.dtype))?;
             let engine = py
                 .import("rose")?
                 .getattr("Engine")?
