@@ -49,8 +49,7 @@ class CudaDecoder:
             raise ValueError("the CUDA decoder needs Hopper's bulk copies (sm_90 or later)")
         if not fits(hidden, inter, heads, kv_heads, head_dim, properties.multi_processor_count):
             raise ValueError("the model's sizes do not fit the CUDA decoder's blocks")
-        self.inter, self.eps, self.scale = inter, eps, spec.scale
-        self.n_qkv = (heads + 2 * kv_heads) * head_dim
+        self.eps, self.scale, self.hidden = eps, spec.scale, hidden
         self.programs = hidden // 8
         self.shared = shared_bytes(hidden, inter, heads, kv_heads, head_dim)
         dtype = first.qkv.weight.dtype
@@ -65,11 +64,11 @@ class CudaDecoder:
         self.barrier = torch.zeros(SQUARES + 2 * MAX_TOKENS, dtype=torch.int32, device=device)
         # The kernel's scratch: x (the residual stream, float32), q k v, the MLP's activation, and
         # x * g for the next QKV (16-bit). One launch runs at a time (see above).
+        n_qkv = (heads + 2 * kv_heads) * head_dim
         self._scratch = [
             torch.empty(MAX_TOKENS, width, dtype=kind, device=device)
-            for width, kind in ((hidden, torch.float32), (self.n_qkv, dtype), (inter, dtype), (hidden, dtype))
+            for width, kind in ((hidden, torch.float32), (n_qkv, dtype), (inter, dtype), (hidden, dtype))
         ]
-        self.hidden = hidden
 
     def describe(self) -> dict:
         """For /info: which batches take the kernel, and how it is cut."""

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
-from rose.stacked_layers import kernel_tensors, stack_layers
+from rose.stacked_layers import LAYER_TENSORS, stack_layers
 from rose.triton_kernels import norm_rope_attend
 
 MAX_TOKENS = 16
@@ -278,7 +278,7 @@ class FusedDecoder:
         """Runs every layer on the embeddings x [tokens, hidden] float32, in place."""
         assert x.shape[0] <= MAX_TOKENS and x.dtype == torch.float32 and x.is_contiguous()
         n_qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
-        tensors = kernel_tensors(x, batch, rope, self.barrier, self.stacks, n_qkv, self.inter)
+        tensors = _kernel_tensors(x, batch, rope, self.barrier, self.stacks, n_qkv, self.inter)
         _decoder_kernel[(self.programs,)](
             *tensors,
             self.eps, self.scale, NUM_LAYERS=self.num_layers,
@@ -288,3 +288,19 @@ class FusedDecoder:
             DOWN_TILE=self.down.tile, DOWN_SPLIT=self.down.split, BK=self.block_k, GRID=self.programs,
             num_warps=self.num_warps,
         )  # fmt: skip
+
+
+def _kernel_tensors(
+    x: torch.Tensor, batch: RaggedBatch, rope: torch.Tensor, barrier: torch.Tensor, stacks: dict[str, torch.Tensor],
+    qkv_width: int, inter: int,
+) -> list[torch.Tensor]:  # fmt: skip
+    """The kernel's tensor arguments: x, their scratch q/k/v [tokens, qkv_width] and activation
+    [tokens, inter], the token count (the batch's, or x's rows), positions, sequence ids, rope,
+    the grid barrier, then the stacks in LAYER_TENSORS' order."""
+    tokens, dtype, device = x.shape[0], stacks["qkv"].dtype, x.device
+    count = batch.token_count
+    if count is None:
+        count = torch.full((1,), tokens, dtype=torch.int32, device=device)
+    qkv = torch.empty(tokens, qkv_width, dtype=dtype, device=device)
+    act = torch.empty(tokens, inter, dtype=dtype, device=device)
+    return [x, qkv, act, count, batch.positions, batch.seq_ids, rope, barrier, *(stacks[n] for n in LAYER_TENSORS)]
