@@ -102,6 +102,10 @@ class CudaDriver:
             ctypes.c_void_p(stream),
         )
 
+    def launch_graph(self, graph_exec: int, stream: int) -> None:
+        """Enqueues an instantiated CUDA graph (a cudaGraphExec_t) on `stream`."""
+        self._call("cuGraphLaunch", ctypes.c_void_p(graph_exec), ctypes.c_void_p(stream))
+
     def record(self, event: int, stream: int) -> None:
         self._call("cuEventRecord", ctypes.c_void_p(event), ctypes.c_void_p(stream))
 

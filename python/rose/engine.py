@@ -117,7 +117,7 @@ class Engine:
             self._timeline = StepTimeline()
             self._last_copy: torch.cuda.Event | None = None
             if cuda_graphs != "off":
-                self.graphs = CudaGraphs(cuda_graphs, max_cuda_graphs, self.attention)
+                self.graphs = CudaGraphs(cuda_graphs, max_cuda_graphs, self.attention, self._stream)
         marks.append(time.perf_counter())
         self._expected: tuple[list[list[int]], np.ndarray] | None = None
         # With defer_attention, and a small-batch kernel or backends left for later, start-up
@@ -167,7 +167,7 @@ class Engine:
         spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
         self.attention = create_backend(name, spec, self.device, self.max_input_length, defer)
         if getattr(self, "graphs", None) is not None:
-            self.graphs = CudaGraphs(self.graphs.mode, self.graphs.max_graphs, self.attention)
+            self.graphs = CudaGraphs(self.graphs.mode, self.graphs.max_graphs, self.attention, self._stream)
 
     def _prepare_long_batches(self) -> None:
         """Before the first batch the small-batch kernel does not take: waits for the attention
@@ -234,7 +234,6 @@ class Engine:
             self._prepare_long_batches()  # checks every tier, the short batches' too
         if self._short_pending and tokens > self.smallest_bucket:
             self._check_short_batches()
-        longest = int(np.diff(cu).max()) if sequences else 0
         # Graphs share one memory pool: the previous result leaves it before the next replay.
         if self._last_copy is not None:
             self._stream.wait_event(self._last_copy)
@@ -243,12 +242,15 @@ class Engine:
         self._inputs.wait_free()
         self._timeline.begin(self._stream)
         key = bucket(tokens, sequences, self.smallest_bucket)
-        bound = min(key[0], max(self.max_input_length, 256))
+        limit = max(self.max_input_length, 256)  # the longest sequence a graph plans for
         fits = key[0] <= self._inputs.max_tokens and key[1] <= self._inputs.max_sequences
         # Only replays' ends are forecast: an eager run's span (JIT, kernel loads on a first hit)
         # says little about the next one's, and a forecast too late makes its waiter oversleep.
         replay: tuple[int, int] | None = None
-        if self.graphs is not None and fits and longest <= bound:
+        # No sequence is longer than the batch: the offsets are read (~10 us of a query's path
+        # before its launch) only for a batch longer than the limit.
+        if self.graphs is not None and fits and (tokens <= limit or _longest(cu) <= limit):
+            bound = min(key[0], limit)
             replay = key if self.graphs.captured(key) else None
             batch = self._inputs.fill(ids, cu, key[0], key[1], max_seqlen=bound)
             attention = self.graphs.attention_for(key, batch)
@@ -257,7 +259,7 @@ class Engine:
             pooled = self.graphs.run(key, batch, self._forward)[:sequences]
         else:
             if tokens <= self._inputs.max_tokens and sequences <= self._inputs.max_sequences:
-                batch = self._inputs.fill(ids, cu, tokens, sequences, max_seqlen=longest)
+                batch = self._inputs.fill(ids, cu, tokens, sequences, max_seqlen=_longest(cu))
             else:  # larger than the static buffers: a one-off upload
                 batch = RaggedBatch.from_host(ids, cu, self.device)
             self.attention.plan(batch)
@@ -405,6 +407,11 @@ def _pack(sequences: Sequence[Sequence[int]], max_tokens: int, max_sequences: in
     if start < len(sequences):
         chunks.append(sequences[start:])
     return chunks
+
+
+def _longest(cu_seqlens: np.ndarray) -> int:
+    """The longest sequence's length (0 for none)."""
+    return int(np.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0
 
 
 def _in_background(work: Callable[[], None]) -> Future[None]:
