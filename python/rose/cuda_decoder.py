@@ -19,7 +19,7 @@ import torch
 
 from rose.attention import AttentionSpec
 from rose.batch import RaggedBatch
-from rose.cuda_driver import CudaDriver
+from rose.cuda_driver import driver_for
 from rose.decoder_build import MAX_TOKENS, SQUARES, STAGES, compile_kernel, fits, shared_bytes
 from rose.stacked_layers import LAYER_TENSORS, stack_layers
 
@@ -56,7 +56,7 @@ class CudaDecoder:
         cubin = compile_kernel(hidden, inter, heads, kv_heads, head_dim, len(layers), spec.causal,
                                dtype == torch.float16, properties.major * 10 + properties.minor)  # fmt: skip
         index = device.index if device.index is not None else torch.cuda.current_device()
-        self._driver = CudaDriver(index)
+        self._driver = driver_for(index)
         self._function = self._driver.load_function(cubin, "decoder_layers", self.shared)
         self.stacks = stack_layers(layers)
         # [0]: blocks arrived, [1]: blocks gone; from SQUARES: the rows' sums of squares (float32,

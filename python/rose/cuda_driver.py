@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 _NON_BLOCKING_STREAM = 1
@@ -133,3 +134,16 @@ class CudaDriver:
         for event in events:
             self._call("cuEventDestroy_v2", ctypes.c_void_p(event))
         self._call("cuStreamDestroy_v2", ctypes.c_void_p(stream))
+
+
+def driver_for(index: int) -> CudaDriver:
+    """The process's CudaDriver of device `index`, its context made current on the calling thread:
+    one for the engine's users (each new one would retain the context again)."""
+    driver = _drivers(index)
+    driver.make_current()
+    return driver
+
+
+@cache
+def _drivers(index: int) -> CudaDriver:
+    return CudaDriver(index)

@@ -14,7 +14,7 @@ import torch
 
 from rose.attention import AttentionBackend
 from rose.batch import RaggedBatch
-from rose.cuda_driver import CudaDriver
+from rose.cuda_driver import driver_for
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class CudaGraphs:
             raise ValueError(f"cuda graphs must be one of {', '.join(GRAPH_MODES)}, not {mode!r}")
         # Replays are launched through the driver, not CUDAGraph.replay(): 1.8-2.9 us of the host
         # a launch in a loop against 4.1-4.8 (the H200), on a query's path before its kernel.
-        self._driver = CudaDriver(stream.device_index)
+        self._driver = driver_for(stream.device_index)
         self._stream = stream.cuda_stream
         self.mode = mode
         self.max_graphs = max_graphs

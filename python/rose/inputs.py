@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rose.batch import RaggedBatch
-from rose.cuda_driver import CudaDriver
+from rose.cuda_driver import driver_for
 
 
 class DeviceInputs:
@@ -30,7 +30,7 @@ class DeviceInputs:
         self.staging = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self._host = self.staging.numpy()
         self._stream, self._stream_handle = stream, stream.cuda_stream
-        self._driver = CudaDriver(device.index if device.index is not None else torch.cuda.current_device())
+        self._driver = driver_for(device.index if device.index is not None else torch.cuda.current_device())
         # The views a batch of (tokens, sequences) reads, made once: slicing tensors costs the host
         # ~2 us a view, and a graph's bucket repeats (fill took 57 us of a query's 118 before its replay).
         self._views: dict[tuple[int, int], tuple] = {}
