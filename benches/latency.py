@@ -2,6 +2,7 @@
 
     python benches/latency.py [--qwen3 0.6b] [--iterations 300]
     python benches/latency.py --device cpu --qwen3 tiny    # the harness's share, without a GPU
+    python benches/latency.py --qwen3 0.6b --startup-only --starts 6   # only the starts, each timed
 
 Engine: p50/p99 from step() to the vectors on the host, for one 16-token query and for eight
 32-token queries, with --cuda-graphs lazy (warmed: captured) and off. HTTP: the same requests,
@@ -152,6 +153,8 @@ def main() -> None:
     parser.add_argument("--engine-only", action="store_true", help="skip the HTTP rows and the start-up timing")
     parser.add_argument("--attention-backend", default="auto", help="ROSE's attention backend (default auto)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--starts", type=int, default=1, help="ivy-serve starts timed to their first answer")
+    parser.add_argument("--startup-only", action="store_true", help="only time ivy-serve's starts")
     args = parser.parse_args()
     on_gpu = args.device == "cuda"
     modes = ("lazy", "off") if on_gpu else ("off",)
@@ -165,13 +168,14 @@ def main() -> None:
     # Rows are printed as they are measured, so that a run cut short still reports.
     device = torch.cuda.get_device_name() if on_gpu else "CPU (float32)"
     print(f"{model}, {device}, attention {args.attention_backend}, {args.iterations} requests each, one at a time")
-    print("| path | CUDA graphs | request | p50 ms | p99 ms |")
-    print("|---|---|---|---|---|")
+    if not args.startup_only:
+        print("| path | CUDA graphs | request | p50 ms | p99 ms |")
+        print("|---|---|---|---|---|")
 
     def row(path: str, graphs: str, name: str, ms: np.ndarray) -> None:
         print(f"| {path} | {graphs} | {name} | {np.percentile(ms, 50):.3f} | {np.percentile(ms, 99):.3f} |", flush=True)
 
-    for graphs in modes:
+    for graphs in modes if not args.startup_only else ():
         engine = rose.Engine(
             folder, device=args.device, cuda_graphs=graphs, attention_backend=args.attention_backend, verify=False
         )
@@ -187,7 +191,7 @@ def main() -> None:
     if args.engine_only:
         return
     splits = []
-    for graphs in modes:
+    for graphs in modes if not args.startup_only else ():
         extra = ["--device", args.device, "--cuda-graphs", graphs, "--attention-backend", args.attention_backend]
         extra += ["--model", str(folder)] if folder else []
         server = start_server(work, *extra)
@@ -200,16 +204,22 @@ def main() -> None:
                 splits.append((graphs, name, {k: float(np.percentile(v, 50)) for k, v in inside.items()}))
         finally:
             server.stop()
-    print("\n| CUDA graphs | request | server total | tokenization | queue | inference | transfer | rest (Ivy) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for graphs, name, p50 in splits:
-        rest = p50["total"] - sum(p50[k] for k in SERVER_TIMES[1:])
-        print(f"| {graphs} | {name} | " + " | ".join(f"{p50[k]:.3f}" for k in SERVER_TIMES) + f" | {rest:.3f} |")
-    print("(p50 ms of each of the server's x-*-time headers: the parts' p50s need not add up to the total's)")
-    ready, first, batch, phases = time_to_first_answer(work, folder, args.device)
-    print(f"\nivy-serve start to /health: {ready:.2f} s; to the first embedding: {first:.2f} s (lazy capture);")
-    print(f"to a first batch of 4 x 16 tokens after it: {batch:.2f} s")
-    print("engine start-up phases (s):", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+    if splits:
+        print("\n| CUDA graphs | request | server total | tokenization | queue | inference | transfer | rest (Ivy) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for graphs, name, p50 in splits:
+            rest = p50["total"] - sum(p50[k] for k in SERVER_TIMES[1:])
+            print(f"| {graphs} | {name} | " + " | ".join(f"{p50[k]:.3f}" for k in SERVER_TIMES) + f" | {rest:.3f} |")
+        print("(p50 ms of each of the server's x-*-time headers: the parts' p50s need not add up to the total's)")
+    firsts = []
+    for _ in range(args.starts):
+        ready, first, batch, phases = time_to_first_answer(work, folder, args.device)
+        firsts.append(first)
+        print(f"\nivy-serve start to /health: {ready:.2f} s; to the first embedding: {first:.2f} s (lazy capture);")
+        print(f"to a first batch of 4 x 16 tokens after it: {batch:.2f} s")
+        print("engine start-up phases (s):", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
+    if args.starts > 1:
+        print(f"\nfirst answers (s): {', '.join(f'{f:.2f}' for f in firsts)}; median {np.median(firsts):.2f}")
 
 
 if __name__ == "__main__":
