@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--startup-only", action="store_true", help="only time ivy-serve's starts")
     args = parser.parse_args()
     on_gpu = args.device == "cuda"
-    modes = ("lazy", "off") if on_gpu else ("off",)
+    modes = () if args.startup_only else ("lazy", "off") if on_gpu else ("off",)
     work = Path(tempfile.mkdtemp())
     folder = None
     if args.qwen3:
@@ -175,7 +175,7 @@ def main() -> None:
     def row(path: str, graphs: str, name: str, ms: np.ndarray) -> None:
         print(f"| {path} | {graphs} | {name} | {np.percentile(ms, 50):.3f} | {np.percentile(ms, 99):.3f} |", flush=True)
 
-    for graphs in modes if not args.startup_only else ():
+    for graphs in modes:
         engine = rose.Engine(
             folder, device=args.device, cuda_graphs=graphs, attention_backend=args.attention_backend, verify=False
         )
@@ -191,7 +191,7 @@ def main() -> None:
     if args.engine_only:
         return
     splits = []
-    for graphs in modes if not args.startup_only else ():
+    for graphs in modes:
         extra = ["--device", args.device, "--cuda-graphs", graphs, "--attention-backend", args.attention_backend]
         extra += ["--model", str(folder)] if folder else []
         server = start_server(work, *extra)

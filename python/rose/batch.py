@@ -51,6 +51,13 @@ class RaggedBatch:
         index = torch.arange(self.num_tokens, device=self.input_ids.device, dtype=torch.int32)
         return index - self.cu_seqlens[self.seq_ids]
 
+    def device_token_count(self) -> torch.Tensor:
+        """[1] int32 on the device: token_count, or (unpadded) all the tokens, as the one-launch
+        decoders read it."""
+        if self.token_count is not None:
+            return self.token_count
+        return torch.full((1,), self.num_tokens, dtype=torch.int32, device=self.input_ids.device)
+
     @property
     def num_sequences(self) -> int:
         return int(self.cu_seqlens.numel()) - 1

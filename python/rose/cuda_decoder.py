@@ -83,12 +83,9 @@ class CudaDecoder:
         assert tokens <= MAX_TOKENS and rope.dtype == torch.float32
         assert batch.input_ids.dtype == torch.int32 and batch.cu_seqlens.dtype == torch.int32
         assert embed.dtype == final_norm.dtype == self.stacks["qkv"].dtype
-        count = batch.token_count
-        if count is None:
-            count = torch.full((1,), tokens, dtype=torch.int32, device=device)
         out = torch.empty(sequences, self.hidden, dtype=torch.float32, device=device)
-        tensors = [batch.input_ids, batch.cu_seqlens, count, embed, rope, *self._scratch, self.barrier,
-                   *(self.stacks[name] for name in LAYER_TENSORS), final_norm, out]  # fmt: skip
+        tensors = [batch.input_ids, batch.cu_seqlens, batch.device_token_count(), embed, rope, *self._scratch,
+                   self.barrier, *(self.stacks[name] for name in LAYER_TENSORS), final_norm, out]  # fmt: skip
         args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
         args += [ctypes.c_int(sequences), ctypes.c_int(POOLING[pooling]), ctypes.c_float(self.eps)]
         args.append(ctypes.c_float(self.scale))

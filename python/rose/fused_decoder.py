@@ -298,9 +298,7 @@ def _kernel_tensors(
     [tokens, inter], the token count (the batch's, or x's rows), positions, sequence ids, rope,
     the grid barrier, then the stacks in LAYER_TENSORS' order."""
     tokens, dtype, device = x.shape[0], stacks["qkv"].dtype, x.device
-    count = batch.token_count
-    if count is None:
-        count = torch.full((1,), tokens, dtype=torch.int32, device=device)
     qkv = torch.empty(tokens, qkv_width, dtype=dtype, device=device)
     act = torch.empty(tokens, inter, dtype=dtype, device=device)
+    count = batch.device_token_count()
     return [x, qkv, act, count, batch.positions, batch.seq_ids, rope, barrier, *(stacks[n] for n in LAYER_TENSORS)]

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from rose import decoder_build, triton_key
-from rose.cuda_driver import CudaDriver, CudaError
+from rose.cuda_driver import CudaDriver, CudaError, driver_for
 from rose.model_dir import model_root, weight_files
 from rose.staging import StagedFile, stage
 
@@ -113,6 +113,7 @@ def compile_decoder(model: str | Path | None, dtype: str, arch: int, sms: int) -
     """Compiles the CUDA decoder's kernel for the `model` folder on a GPU of `arch` (90: sm_90)
     with `sms` SMs, as the engine will want it (rose.models.qwen3, rose.cuda_decoder); returns
     whether the engine will take it. Later calls read the cubin from NVRTC's cache."""
+    # engine._DTYPES' 16-bit names, read here without torch
     fp16 = {"auto": False, "bfloat16": False, "bf16": False, "float16": True, "fp16": True}.get(dtype)
     if fp16 is None or arch < 90 or os.environ.get("ROSE_FUSED_DECODER", "auto") in ("0", "triton"):
         return False
@@ -139,7 +140,7 @@ def _prepare(
     index: int, model: str | Path | None, dtype: str, staged: Future[tuple[CudaDriver, list[StagedFile]] | None]
 ) -> None:
     try:
-        driver = CudaDriver(index)
+        driver = driver_for(index)  # the one the engine will use: the context retained once
     except (OSError, CudaError) as why:
         log.debug("prestart: no CUDA context (%s)", why)
         staged.set_result(None)
