@@ -11,6 +11,7 @@ attributes of rose.cuda_decoder): a harness for experiments, not an API."""
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,19 @@ from rose.batch import RaggedBatch  # noqa: E402
 
 PAIR_SHARED = 48 * 1024
 """The dynamic shared memory PAIR=1 adds: the down phase's exchanged half of its A operand."""
+
+_REQUIRED_CLUSTER_WIDTH = 11  # CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH (0: no clusters)
+
+
+class _LaunchConfig(ctypes.Structure):
+    """The driver's CUlaunchConfig, for cuOccupancyMaxActiveClusters."""
+
+    _fields_ = [
+        *((name, ctypes.c_uint) for name in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shared")),
+        ("stream", ctypes.c_void_p),
+        ("attributes", ctypes.c_void_p),
+        ("attribute_count", ctypes.c_uint),
+    ]
 
 
 @dataclass
@@ -63,9 +77,26 @@ class Lab:
         text = nvrtc.source("decoder_kernel.cu") if source == "ship" else Path(source).read_text()
         values = dict(macro.split("=") for macro in macros)
         cubin = nvrtc.compile_cubin(text, "lab", 90, self.options + [f"-D{macro}" for macro in macros])
-        shared = self.base_shared + (PAIR_SHARED if int(values.get("PAIR", 0)) else 0)
+        shared = self.base_shared + (PAIR_SHARED if int(values.get("PAIR", 0)) else 0) + int(values.get("EXTRA", 0))
         threads = 288 + 32 * int(values.get("POLLW", 0))
-        return Variant(self.decoder._driver.load_function(cubin, "decoder_layers", shared), threads, shared)
+        variant = Variant(self.decoder._driver.load_function(cubin, "decoder_layers", shared), threads, shared)
+        self._check_resident(variant)
+        return variant
+
+    def _check_resident(self, variant: Variant) -> None:
+        """Exits unless every block of a variant in clusters can be resident at once: otherwise its
+        grid barrier would never open."""
+        driver, function = self.decoder._driver, ctypes.c_void_p(variant.function)
+        width, clusters = ctypes.c_int(), ctypes.c_int()
+        driver._call("cuFuncGetAttribute", ctypes.byref(width), _REQUIRED_CLUSTER_WIDTH, function)
+        if width.value == 0:
+            return  # one block an SM, as rose.decoder_build.fits() checks for the shipped kernel
+        config = _LaunchConfig(self.decoder.programs, 1, 1, variant.threads, 1, 1, variant.shared, None, None, 0)
+        driver._call("cuOccupancyMaxActiveClusters", ctypes.byref(clusters), function, ctypes.byref(config))
+        resident = clusters.value * max(width.value, 1)
+        if resident < self.decoder.programs:
+            raise SystemExit(f"{clusters.value} clusters of {width.value} resident at once: {resident} of the "
+                             f"{self.decoder.programs} blocks; the grid barrier would never open")  # fmt: skip
 
     def run(self, variant: Variant) -> torch.Tensor:
         """One launch of `variant` for the query; its pooled vector."""
