@@ -93,10 +93,10 @@ class Lab:
             return  # one block an SM, as rose.decoder_build.fits() checks for the shipped kernel
         config = _LaunchConfig(self.decoder.programs, 1, 1, variant.threads, 1, 1, variant.shared, None, None, 0)
         driver._call("cuOccupancyMaxActiveClusters", ctypes.byref(clusters), function, ctypes.byref(config))
-        resident = clusters.value * max(width.value, 1)
+        resident = clusters.value * width.value
+        print(f"{clusters.value} clusters of {width.value} resident at once: {resident} blocks", flush=True)
         if resident < self.decoder.programs:
-            raise SystemExit(f"{clusters.value} clusters of {width.value} resident at once: {resident} of the "
-                             f"{self.decoder.programs} blocks; the grid barrier would never open")  # fmt: skip
+            raise SystemExit(f"fewer than the {self.decoder.programs} blocks: the grid barrier would never open")
 
     def run(self, variant: Variant) -> torch.Tensor:
         """One launch of `variant` for the query; its pooled vector."""
