@@ -1,6 +1,6 @@
 """Qwen3 for single queries (at most 16 tokens), ids to pooled vectors, in one launch of a CUDA
 kernel, decoder_kernel.cu (the file says how it works), for the sizes it takes: Qwen3-0.6B's, on Hopper.
-rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.54-0.55 ms a
+rose.fused_decoder's Triton kernel serves the other sizes and GPUs; this one took 0.54 ms a
 16-token query on the H200 where the Triton one took 0.78 (benches/RESULTS.md).
 
 The kernel is compiled by NVRTC for the model's sizes (rose.decoder_build: a server's start does it

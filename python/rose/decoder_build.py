@@ -43,12 +43,12 @@ def fits(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, sms:
 
 def shared_bytes(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int) -> int:
     """The kernel's shared memory, as laid out there: the ring and its mbarriers, the warps'
-    partial products and squares, the attention's q, k, v and output."""
+    partial products and squares, the attention's q and k as loaded, its q, k, v and output."""
     grid, rows = hidden // 8, MAX_TOKENS
     chunks = max((heads + 2 * kv_heads) * head_dim // grid // 8, 2 * (inter // grid) // 8)
     ring = STAGES * (_SLOT + 16)
     partials = chunks * 8 * 128 * 4 + 8 * 16 * 4
-    attention = 3 * rows * head_dim * 2 + rows * (head_dim * 2 + 16)
+    attention = 2 * rows * head_dim * 2 + 3 * rows * head_dim * 2 + rows * (head_dim * 2 + 16)
     return ring + partials + attention
 
 
