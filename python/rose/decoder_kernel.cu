@@ -398,6 +398,8 @@ __device__ __forceinline__ uint4 lds4(const unsigned char* base, int row, int un
 
 #define PER (D / 64)            // rotation pairs (k, k + D / 2) a lane takes, k = lane + 32 i
 #define VSTRIDE (D * 2 + 16)    // bytes of a row of v: ldmatrix's 8 rows fall on distinct banks
+#define QK_LOADS (ROWS * 2 * D / 8 / CONSUMERS)  // 16-byte loads a thread of a head's q and k rows
+static_assert(ROWS * 2 * D / 8 % CONSUMERS == 0, "the consumers share q's and k's 16-byte units evenly");
 
 // What a thread's part of the attention needs from outside the layer, loaded once a launch: the
 // rotation of its rows (warp, warp + 8) and the mask of its scores (rows g, g + 8; keys 2q,
@@ -478,9 +480,9 @@ __device__ void attend(const u16* qkv, int head, const NormWeights& nw, const At
     int kv_head = head / (HQ / HK);
     // q and k go through shared memory (`loaded`, [16, 2 D]) in 16-byte loads: reading each thread's
     // elements straight from global memory took 16 2-byte loads a thread (0.5434 against 0.5384 ms).
-    uint4 part[ROWS * 2 * D / 8 / CONSUMERS];
+    uint4 part[QK_LOADS];
 #pragma unroll
-    for (int j = 0; j < ROWS * 2 * D / 8 / CONSUMERS; j++) {
+    for (int j = 0; j < QK_LOADS; j++) {
         int i = tid + CONSUMERS * j, row = i / (2 * D / 8), which = (i / (D / 8)) % 2, unit = i % (D / 8);
         part[j] = row < n ? load_cg4(qkv + row * NQKV + (which ? QD + kv_head * D : head * D) + unit * 8)
                           : make_uint4(0, 0, 0, 0);
@@ -489,7 +491,7 @@ __device__ void attend(const u16* qkv, int head, const NormWeights& nw, const At
     uint4 vraw = make_uint4(0, 0, 0, 0);
     if (v_row < ROWS && v_row < n) vraw = load_cg4(qkv + v_row * NQKV + QD + (HK + kv_head) * D + v_unit * 8);
 #pragma unroll
-    for (int j = 0; j < ROWS * 2 * D / 8 / CONSUMERS; j++) *(uint4*)(loaded + (tid + CONSUMERS * j) * 16) = part[j];
+    for (int j = 0; j < QK_LOADS; j++) *(uint4*)(loaded + (tid + CONSUMERS * j) * 16) = part[j];
     cbar();
     u16 raw[2][2][2 * PER];  // [q or k][row warp or warp + 8][first halves, second halves]
 #pragma unroll
