@@ -68,7 +68,8 @@ class Lab:
         spec, first = self.model.attention_spec, self.model.layers[0]
         sizes = (self.decoder.hidden, first.down.weight.shape[1], spec.num_heads, spec.num_kv_heads, spec.head_dim)
         self.options = decoder_build.kernel_options(*sizes, len(self.model.layers), spec.causal, False)
-        self.base_shared = self.decoder.shared
+        # Taken before any run: run() sets the module's launch width to the variant's.
+        self.base_shared, self.base_threads = self.decoder.shared, cuda_decoder._THREADS
         ids = np.random.default_rng(0).integers(1000, 20000, size=16, dtype=np.int32)
         self.batch = RaggedBatch.from_host(ids, np.array([0, 16], dtype=np.int32), torch.device("cuda"))
 
@@ -78,7 +79,7 @@ class Lab:
         values = dict(macro.split("=") for macro in macros)
         cubin = nvrtc.compile_cubin(text, "lab", 90, self.options + [f"-D{macro}" for macro in macros])
         shared = self.base_shared + (PAIR_SHARED if int(values.get("PAIR", 0)) else 0) + int(values.get("EXTRA", 0))
-        threads = 288 + 32 * int(values.get("POLLW", 0))
+        threads = self.base_threads + 32 * int(values.get("POLLW", 0))
         variant = Variant(self.decoder._driver.load_function(cubin, "decoder_layers", shared), threads, shared)
         self._check_resident(variant)
         return variant
