@@ -12,6 +12,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         proto_dir.join("tulip.proto").display()
     );
     let descriptors = protox::compile(["tulip.proto"], [&proto_dir])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    tonic_prost_build::configure()
+        // The engine reports its ModelInfo as a JSON object of the proto's field names (ROSE's
+        // Engine.describe()); /info and Python's tulip.Client read it back the same way.
+        .type_attribute(
+            "tulip.v1.ModelInfo",
+            "#[derive(serde::Serialize, serde::Deserialize)] #[serde(deny_unknown_fields)]",
+        )
+        .compile_fds(descriptors)?;
     Ok(())
 }

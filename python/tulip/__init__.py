@@ -1,15 +1,17 @@
-"""Tulip's Python side: `tulip.Client` for the gRPC API, and the `ivy-serve` / `tulip-serve` commands."""
+"""Tulip's Python side: `tulip.Client` for the gRPC API, `split_batches` (Tulip's packing rule),
+and the `ivy-serve` / `tulip-serve` commands."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tulip._native import Client as _NativeClient
+from tulip._native import GatewayClient, split_batches
 
-__all__ = ["Client"]
+__all__ = ["Client", "split_batches"]
 
 Inputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
 
@@ -17,12 +19,13 @@ Inputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
 class Client:
     """A client of a Tulip server (`ivy-serve` starts one on `--grpc-port`, 50051 by default).
 
-    It tokenizes like Ivy, with the tokenizer and prompts that the server reports, so it talks
-    to Tulip directly with no HTTP in between.
+    It runs Ivy's request path in this process (crates/ivy: templating, tokenization with the
+    tokenizer and prompts that the server reports, chunking), so it talks to Tulip directly with
+    no HTTP in between.
     """
 
     def __init__(self, address: str = "127.0.0.1:50051", *, timeout: float = 10.0) -> None:
-        self._native = _NativeClient(address, timeout)
+        self._native = GatewayClient(address, timeout)
 
     def embed(
         self,
@@ -54,5 +57,6 @@ class Client:
         return np.frombuffer(data, dtype=dtype).reshape(rows, -1)
 
     def info(self) -> dict[str, Any]:
-        """The served model: id, type, dtype, device, attention backend, pooling, dimensions, limits."""
-        return self._native.info()
+        """The served model (protos/tulip.proto's ModelInfo): id, type, dtype, device, attention
+        backend, pooling, dimensions, limits."""
+        return json.loads(self._native.info_json())

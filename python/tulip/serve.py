@@ -1,4 +1,4 @@
-"""Entry points of the `ivy-serve` and `tulip-serve` commands."""
+"""Entry points of the `ivy-serve` and `tulip-serve` commands (crates/native/src/serve.rs)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
-from tulip._native import serve
+from tulip._native import serve_ivy, serve_tulip
 
 
-def main() -> None:
-    """Runs the command this process was started as; its flags are documented by --help."""
+def _run(serve: Callable[[list[str]], int], name: str) -> None:
+    """Runs `serve` with this process's flags; exits with its code. Its flags are documented by --help."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # `kill -USR1 <pid>` prints every Python thread's stack: the engine's, the waiter's.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    name = os.path.basename(sys.argv[0]) or "ivy-serve"
     code = serve([name, *sys.argv[1:]])
     # The engine's threads still hold torch's thread pools: finalizing the interpreter under them
     # runs C++ destructors that abort ("terminate called without an active exception"), so a
@@ -27,7 +27,11 @@ def main() -> None:
     os._exit(code)
 
 
+def main() -> None:
+    """`ivy-serve`: Ivy, Tulip and ROSE in one process."""
+    _run(serve_ivy, "ivy-serve")
+
+
 def tulip_main() -> None:
     """`tulip-serve`: Tulip and ROSE alone, for Ivy gateways elsewhere (`--tulip-endpoint`)."""
-    sys.argv[0] = "tulip-serve"
-    main()
+    _run(serve_tulip, "tulip-serve")

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 import rose
-from models import save_qwen3, transformers_pooled
-from rose import kernels
 from rose.attention import BACKENDS, BackendUnavailable
-from support import cosines, varied_texts
+from rose.ops import kernels
+from support import cosines, encode, save_qwen3, transformers_pooled, varied_texts
 
 GPU_BACKENDS = ["fa2", "fa3", "fa4", "torch"]
 THRESHOLD = 0.999
@@ -50,7 +49,7 @@ def qwen3(
 def test_qwen3_06b_shape_matches_transformers(qwen3: tuple, backend: str) -> None:
     engine, sequences, expected = qwen3
     assert engine.dtype == torch.bfloat16
-    vectors = with_backend(engine, backend).embed_ids(sequences, normalize=False)
+    vectors = with_backend(engine, backend).embed_ids(sequences)
     sims = cosines(vectors, expected)
     assert sims.min() >= THRESHOLD, f"{backend}: worst sequence of {len(sequences[sims.argmin()])} tokens: {sims.min()}"
 
@@ -70,7 +69,7 @@ def test_a_server_checks_and_serves_queries_first_and_long_batches_after_the_def
     assert short_batches["worst_cosine"] >= THRESHOLD and short_batches["sequences"] == 5
     assert not served.stats()["short_batches_pending"] and served.stats()["long_batches_pending"]
     assert served.attention.name == "auto(torch,triton)"
-    vectors = served.embed_ids(sequences, normalize=False)
+    vectors = served.embed_ids(sequences)
     assert served.attention.name == "auto(fa2,fa3,triton)" and not served.stats()["long_batches_pending"]
     long_batches = served.fidelity["long_batches"]
     assert long_batches["worst_cosine"] >= THRESHOLD and long_batches["sequences"] == 14
@@ -82,17 +81,18 @@ def test_a_long_warmup_bucket_imports_and_checks_everything_at_start(qwen3: tupl
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True, warmup=["512x8"])
     assert served.attention.name == "auto(fa2,fa3,triton)" and served._deferred is None
     assert served.fidelity["sequences"] == 14 and not served.stats()["long_batches_pending"]
-    assert cosines(served.embed_ids(sequences, normalize=False), expected).min() >= THRESHOLD
+    assert cosines(served.embed_ids(sequences), expected).min() >= THRESHOLD
 
 
 def test_long_batches_that_diverge_fall_back_before_they_are_served(qwen3: tuple) -> None:
     engine, sequences, expected = qwen3
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True)
-    fixed, reference = served._expected
-    served._expected = fixed, -reference  # every path diverges from this
-    vectors = served.embed_ids(sequences, normalize=False)
+    fixed, reference = served.startup._expected
+    served.startup._expected = fixed, -reference  # every path diverges from this
+    vectors = served.embed_ids(sequences)
     fallbacks = [f["path"].split(",")[0] for f in served.fidelity["long_batches"]["fallbacks"]]
-    assert fallbacks == ["auto(fa2", "auto(fa2", "torch"] and served.attention.name == "torch" and served.graphs is None
+    assert fallbacks == ["auto(fa2", "auto(fa2", "torch"]
+    assert served.attention.name == "torch" and served.gpu.graphs is None
     assert cosines(vectors, expected).min() >= THRESHOLD
 
 
@@ -108,7 +108,7 @@ def minilm() -> tuple[rose.Engine, list[str], np.ndarray]:
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_minilm_head_dim_32_matches_sentence_transformers(minilm: tuple, backend: str) -> None:
     engine, texts, reference = minilm
-    vectors = with_backend(engine, backend).encode(texts)
+    vectors = encode(with_backend(engine, backend), texts)
     assert cosines(vectors, reference).min() >= THRESHOLD
 
 
@@ -117,7 +117,7 @@ def test_auto_loads_the_backends_of_its_table_and_picks_one_per_batch(minilm: tu
     engine.use_attention("auto")
     # AUTO_TABLE for head_dim 32 names FA4 past 1024 tokens only, beyond MiniLM's 256.
     assert set(engine.attention.backends) == {"torch"}
-    assert cosines(engine.encode(texts), reference).min() >= THRESHOLD
+    assert cosines(encode(engine, texts), reference).min() >= THRESHOLD
 
 
 def test_a_backend_that_cannot_load_says_why() -> None:

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 import rose
-from models import save_qwen3
-from rose import attention, fidelity
-from rose.graphs import bucket
-from support import cosines
+from rose import attention
+from rose.runtime.buckets import bucket
+from support import cosines, save_qwen3
 
 
 def random_batches(
@@ -38,8 +37,8 @@ def test_replays_match_eager_runs_for_every_bucket(backend: str) -> None:
     keys = set()
     for sequences in random_batches(rng, 30522, 12):
         keys.add(bucket(sum(map(len, sequences)), len(sequences)))
-        got = graphs.embed_ids(sequences, normalize=False)
-        expected = eager.embed_ids(sequences, normalize=False)
+        got = graphs.embed_ids(sequences)
+        expected = eager.embed_ids(sequences)
         assert cosines(got, expected).min() >= 0.9999
     stats = graphs.stats()["cuda_graphs"]
     assert stats["graphs"] == len(keys) and stats["replays"] >= len(keys)
@@ -55,7 +54,7 @@ def test_qwen3_replays_match_eager_runs(tmp_path, monkeypatch, bidirectional: bo
     # Each path against the float32 reference too, so that a failure says which one is wrong.
     rng = np.random.default_rng(3)
     for sequences in random_batches(rng, 30522, 6) + random_batches(rng, 30522, 6, max_sequences=6, max_length=12):
-        expected = fidelity.reference(eager, sequences)
+        expected = eager.reference(sequences)
         worst = {
             "graphs": cosines(graphs.embed_ids(sequences), expected).min(),
             "eager": cosines(eager.embed_ids(sequences), expected).min(),
@@ -83,7 +82,7 @@ def test_a_diverging_path_is_not_served() -> None:
     engine = rose.Engine(device="cuda", attention_backend="fa4", verify=False)
     report = engine.check_fidelity(threshold=1.01)  # nothing can pass: every fallback is tried
     assert [f["path"].split(",")[0] for f in report["fallbacks"]] == ["fa4", "fa4", "torch"]
-    assert engine.graphs is None and engine.attention.name == "torch"
+    assert engine.gpu.graphs is None and engine.attention.name == "torch"
 
 
 def test_lazy_tensor_waits_on_its_event() -> None:

@@ -1,4 +1,4 @@
-"""Weights copied onto the GPU by the CUDA driver before torch uses it (rose.prestart): the same
+"""Weights copied onto the GPU by the CUDA driver before torch uses it (rose.loading.prestart): the same
 tensors as safetensors' own loader, taken once, and a folder that was not staged read as before."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 import rose
-from models import save_qwen3
-from rose import prestart
-from rose.weights import load_weights
+from rose.loading import prestart
+from rose.loading.weights import load_weights
+from support import save_qwen3
 
 
 def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:

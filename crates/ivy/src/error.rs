@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+use tonic::Code;
 use tulip::TulipError;
 
 /// Everything a request can fail with, as the client sees it.
@@ -32,7 +33,7 @@ pub enum IvyError {
     Unavailable(String),
     /// The engine failed (not the client's mistake).
     #[error("{0}")]
-    Backend(String),
+    Engine(String),
 }
 
 impl IvyError {
@@ -47,7 +48,7 @@ impl IvyError {
             IvyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             IvyError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
             IvyError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
-            IvyError::Backend(_) => (StatusCode::INTERNAL_SERVER_ERROR, "backend"),
+            IvyError::Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine"),
         }
     }
 }
@@ -65,23 +66,15 @@ impl IntoResponse for IvyError {
 }
 
 impl From<TulipError> for IvyError {
+    /// By the gRPC code the error travels with (protos/tulip.proto lists them).
     fn from(err: TulipError) -> Self {
-        if err.is_client_error() {
-            return IvyError::Validation(status_message(err));
+        let code = err.code();
+        let message = err.to_string();
+        match code {
+            Code::InvalidArgument | Code::FailedPrecondition => IvyError::Validation(message),
+            Code::ResourceExhausted => IvyError::Overloaded,
+            Code::Unavailable => IvyError::Unavailable(message),
+            _ => IvyError::Engine(message),
         }
-        match err {
-            TulipError::Stopped => IvyError::Unavailable(err.to_string()),
-            TulipError::Remote(status) if status.code() == tonic::Code::Unavailable => {
-                IvyError::Unavailable(format!("Tulip is unavailable: {}", status.message()))
-            }
-            other => IvyError::Backend(status_message(other)),
-        }
-    }
-}
-
-fn status_message(err: TulipError) -> String {
-    match err {
-        TulipError::Remote(status) => status.message().to_string(),
-        other => other.to_string(),
     }
 }

@@ -1,18 +1,22 @@
 //! Ivy, the HTTP gateway: JSON parsing, templating, tokenization on a worker pool, and fan-out of
 //! large client batches in chunks to Tulip replicas over gRPC.
+//!
+//! `gateway` holds the shared state, `request` the one path every embedding route takes,
+//! `routes` one file per API family, `http` the server around them, `replicas` the fan-out.
 
-pub mod backend;
-pub mod chunks;
 pub mod config;
-pub mod embed;
 pub mod error;
+pub mod gateway;
+pub mod http;
 pub mod input;
 pub mod metrics;
+pub mod replicas;
+pub mod request;
 pub mod routes;
-pub mod server;
 pub mod template;
 pub mod tokenization;
 
 pub use config::IvyArgs;
 pub use error::IvyError;
-pub use server::{run, EarlyTokenizer, Gateway};
+pub use gateway::{EarlyTokenizer, Gateway};
+pub use http::run;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::backend::Embeddings;
+use crate::request::Embedded;
 
 const SECONDS: &[f64] = &[
     0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
@@ -27,18 +27,18 @@ pub fn install() -> PrometheusHandle {
 }
 
 /// Records where one embedding request's time went.
-pub fn record_embedding(
-    route: &'static str,
-    inputs: usize,
-    tokens: usize,
-    tokenization: Duration,
-    e: &Embeddings,
-) {
+pub fn record_embedding(route: &'static str, inputs: usize, embedded: &Embedded) {
+    let t = &embedded.timings;
     metrics::counter!("ivy_requests_total", "route" => route).increment(1);
     metrics::counter!("ivy_inputs_total").increment(inputs as u64);
-    metrics::counter!("ivy_input_tokens_total").increment(tokens as u64);
-    metrics::histogram!("ivy_tokenization_duration_seconds").record(tokenization.as_secs_f64());
-    metrics::histogram!("ivy_queue_duration_seconds").record(e.queue_time.as_secs_f64());
-    metrics::histogram!("ivy_inference_duration_seconds").record(e.inference_time.as_secs_f64());
-    metrics::histogram!("ivy_transfer_duration_seconds").record(e.transfer_time.as_secs_f64());
+    metrics::counter!("ivy_input_tokens_total").increment(embedded.tokens as u64);
+    let parts: [(&'static str, Duration); 4] = [
+        ("ivy_tokenization_duration_seconds", t.tokenization),
+        ("ivy_queue_duration_seconds", t.queue),
+        ("ivy_inference_duration_seconds", t.inference),
+        ("ivy_transfer_duration_seconds", t.transfer),
+    ];
+    for (name, time) in parts {
+        metrics::histogram!(name).record(time.as_secs_f64());
+    }
 }

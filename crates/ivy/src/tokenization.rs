@@ -169,7 +169,7 @@ impl TokenizerPool {
 }
 
 fn stopped() -> IvyError {
-    IvyError::Backend("the tokenization workers have stopped".into())
+    IvyError::Engine("the tokenization workers have stopped".into())
 }
 
 struct Worker {

@@ -1,15 +1,15 @@
-//! `tulip.Client`: Ivy's embedding path (templating, tokenization, chunking) over Tulip's gRPC,
-//! for Python callers. The Python package wraps the bytes it returns into numpy arrays.
+//! `GatewayClient`: Ivy's request path (templating, tokenization, chunking; crates/ivy) over
+//! Tulip's gRPC, for Python callers. `tulip.Client` wraps the bytes it returns into numpy arrays.
 
 use std::time::Duration;
 
-use ivy::embed::EmbedCall;
 use ivy::input::Input;
+use ivy::request::EmbedCall;
 use ivy::tokenization::TruncationDirection;
 use ivy::{Gateway, IvyArgs, IvyError};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyBytes;
 use tokio::runtime::Runtime;
 use tulip::proto::Encoding;
 use tulip::TulipClient;
@@ -34,15 +34,15 @@ impl Inputs {
     }
 }
 
-/// A connection to a Tulip server.
+/// Ivy's gateway in this process, connected to a Tulip server.
 #[pyclass(module = "tulip._native", frozen)]
-pub struct Client {
+pub struct GatewayClient {
     runtime: Runtime,
     gateway: Gateway,
 }
 
 #[pymethods]
-impl Client {
+impl GatewayClient {
     /// Connects to Tulip at `address` ("host:port" or "http://host:port"), waiting up to
     /// `timeout` seconds for it to answer.
     #[new]
@@ -52,7 +52,7 @@ impl Client {
         address: &str,
         timeout: f64,
         tokenization_workers: Option<usize>,
-    ) -> PyResult<Client> {
+    ) -> PyResult<GatewayClient> {
         let url = if address.contains("://") {
             address.to_string()
         } else {
@@ -80,7 +80,7 @@ impl Client {
                 })
             })
             .map_err(|e| PyConnectionError::new_err(e.to_string()))?;
-        Ok(Client { runtime, gateway })
+        Ok(GatewayClient { runtime, gateway })
     }
 
     /// Embeds `inputs`; returns (packed bytes, rows, dimensions). `encoding` is float32
@@ -115,27 +115,14 @@ impl Client {
         let embedded = py
             .detach(|| self.runtime.block_on(self.gateway.embed("python", call)))
             .map_err(to_py)?;
-        let e = embedded.embeddings;
-        Ok((PyBytes::new(py, &e.data), e.count, e.dimensions))
+        let v = embedded.vectors;
+        Ok((PyBytes::new(py, &v.data), v.count, v.dimensions))
     }
 
-    /// What the server serves, as a dict.
-    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let info = self.gateway.info();
-        let d = PyDict::new(py);
-        d.set_item("model_id", &info.model_id)?;
-        d.set_item("model_type", &info.model_type)?;
-        d.set_item("dtype", &info.dtype)?;
-        d.set_item("device", &info.device)?;
-        d.set_item("attention_backend", &info.attention_backend)?;
-        d.set_item("pooling", &info.pooling)?;
-        d.set_item("dimensions", info.dimensions)?;
-        d.set_item("max_input_length", info.max_input_length)?;
-        d.set_item("vocab_size", info.vocab_size)?;
-        d.set_item("max_batch_tokens", info.max_batch_tokens)?;
-        d.set_item("max_batch_requests", info.max_batch_requests)?;
-        d.set_item("model_path", &info.model_path)?;
-        Ok(d)
+    /// What the server serves (protos/tulip.proto's ModelInfo), as JSON.
+    fn info_json(&self) -> PyResult<String> {
+        serde_json::to_string(self.gateway.model())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 }
 

@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 use std::sync::Arc;
 
-use tulip::{Batch, Engine, EngineInfo, Pending, Pooled, Probe, TulipArgs};
+use tulip::proto::{ModelInfo, TokenizerResponse};
+use tulip::{Batch, Engine, EngineError, Pending, Pooled, Probe, Served, TulipArgs};
 
 /// Flags that choose the model and how ROSE runs it.
 #[derive(Debug, Clone, Args)]
@@ -48,6 +49,13 @@ pub struct EngineArgs {
     /// Most CUDA graphs kept; the least recently used goes.
     #[arg(long, env = "MAX_CUDA_GRAPHS", default_value_t = 256)]
     pub max_cuda_graphs: usize,
+
+    /// The fused decoder for single queries (16 tokens or fewer of a Qwen3-style model in one
+    /// launch on a GPU): auto (the CUDA kernel where it takes the model, else Triton's), cuda,
+    /// triton, or off.
+    #[arg(long, env = "FUSED_DECODER", default_value = "auto",
+          value_parser = ["auto", "cuda", "triton", "off"])]
+    pub fused_decoder: String,
 }
 
 /// A loaded `rose.Engine`.
@@ -63,61 +71,98 @@ pub struct RoseResult {
 impl Rose {
     /// Imports ROSE and loads the model, sized for Tulip's batch limits; returns the engine and
     /// what it serves.
-    pub fn load(args: &EngineArgs, tulip: &TulipArgs) -> Result<(Rose, EngineInfo), String> {
+    pub fn load(args: &EngineArgs, tulip: &TulipArgs) -> Result<(Rose, Served), EngineError> {
         Python::attach(|py| {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("device", &args.device)?;
-            kwargs.set_item("dtype", &args.dtype)?;
-            kwargs.set_item("attention_backend", &args.attention_backend)?;
-            kwargs.set_item("pooling", &args.pooling)?;
-            kwargs.set_item("cuda_graphs", &args.cuda_graphs)?;
-            kwargs.set_item("warmup", &args.warmup)?;
-            kwargs.set_item("max_cuda_graphs", args.max_cuda_graphs)?;
-            kwargs.set_item("max_batch_tokens", tulip.max_batch_tokens)?;
-            kwargs.set_item("max_batch_requests", tulip.max_batch_requests)?;
-            // A server answers its first queries sooner with the attention libraries that
-            // are slow to import loaded in the background (rose.attention.AutoBackend).
-            kwargs.set_item("defer_attention", true)?;
-            // The CUDA context, the weights' copy onto the GPU, Triton's key and the CUDA
-            // decoder's kernel are made on threads while `import rose` imports torch.
-            py.import("rose.prestart")?
-                .call_method1("start", (&args.device, args.model.as_deref(), &args.dtype))?;
-            let engine = py
-                .import("rose")?
-                .getattr("Engine")?
-                .call((&args.model,), Some(&kwargs))?;
-            let info = describe(&engine)?;
-            Ok((
-                Rose {
-                    engine: engine.unbind(),
-                },
-                info,
-            ))
+            let load = || -> PyResult<(Rose, Served)> {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("device", &args.device)?;
+                kwargs.set_item("dtype", &args.dtype)?;
+                kwargs.set_item("attention_backend", &args.attention_backend)?;
+                kwargs.set_item("pooling", &args.pooling)?;
+                kwargs.set_item("cuda_graphs", &args.cuda_graphs)?;
+                kwargs.set_item("warmup", &args.warmup)?;
+                kwargs.set_item("max_cuda_graphs", args.max_cuda_graphs)?;
+                kwargs.set_item("max_batch_tokens", tulip.max_batch_tokens)?;
+                kwargs.set_item("max_batch_requests", tulip.max_batch_requests)?;
+                kwargs.set_item("fused_decoder", &args.fused_decoder)?;
+                // A server answers its first queries sooner with the attention libraries that
+                // are slow to import loaded in the background (rose.attention.AutoBackend).
+                kwargs.set_item("defer_attention", true)?;
+                // The CUDA context, the weights' copy onto the GPU, Triton's key and the CUDA
+                // decoder's kernel are made on threads while `import rose` imports torch.
+                let prestart = (
+                    &args.device,
+                    args.model.as_deref(),
+                    &args.dtype,
+                    &args.fused_decoder,
+                );
+                py.import("rose.loading.prestart")?
+                    .call_method1("start", prestart)?;
+                let engine = py
+                    .import("rose")?
+                    .getattr("Engine")?
+                    .call((&args.model,), Some(&kwargs))?;
+                let served = describe(&engine)?;
+                Ok((
+                    Rose {
+                        engine: engine.unbind(),
+                    },
+                    served,
+                ))
+            };
+            load().map_err(|e| match engine_error(py, e) {
+                EngineError::Model(why) => {
+                    EngineError::Model(format!("ROSE cannot serve the model: {why}"))
+                }
+                other => EngineError::Fault(format!("ROSE could not load the model: {other}")),
+            })
         })
-        .map_err(|e: PyErr| format!("ROSE could not load the model: {e}"))
     }
 }
 
-fn describe(engine: &Bound<'_, PyAny>) -> PyResult<EngineInfo> {
-    let d = engine.call_method0("describe")?;
-    let get = |key: &str| d.get_item(key);
-    Ok(EngineInfo {
-        model_id: get("model_id")?.extract()?,
-        model_type: get("model_type")?.extract()?,
-        model_path: get("model_path")?.extract()?,
-        dtype: get("dtype")?.extract()?,
-        device: get("device")?.extract()?,
-        attention_backend: get("attention_backend")?.extract()?,
-        pooling: get("pooling")?.extract()?,
-        dimensions: get("dimensions")?.extract()?,
-        max_input_length: get("max_input_length")?.extract()?,
-        vocab_size: get("vocab_size")?.extract()?,
-        max_batch_tokens: get("max_batch_tokens")?.extract()?,
-        max_batch_requests: get("max_batch_requests")?.extract()?,
-        tokenizer_json: get("tokenizer_json")?.extract()?,
-        template_json: get("template_json")?.extract()?,
-        engine_json: get("engine_json")?.extract()?,
+/// What the engine serves: `describe()`'s dict read into the proto's ModelInfo (a key the proto
+/// does not have, or a missing one, is an error), and its tokenization.
+fn describe(engine: &Bound<'_, PyAny>) -> PyResult<Served> {
+    let py = engine.py();
+    let json: String = py
+        .import("json")?
+        .call_method1("dumps", (engine.call_method0("describe")?,))?
+        .extract()?;
+    let model: ModelInfo = serde_json::from_str(&json).map_err(|e| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "Engine.describe() does not match ModelInfo: {e}"
+        ))
+    })?;
+    let (tokenizer_json, template_json): (Vec<u8>, String) =
+        engine.call_method0("tokenization")?.extract()?;
+    Ok(Served {
+        model,
+        tokenization: TokenizerResponse {
+            tokenizer_json,
+            template_json,
+        },
     })
+}
+
+/// A Python exception as an engine error, by the `kind` of ROSE's error classes (rose.errors);
+/// torch's out-of-memory error counts as overloaded, anything else as a fault.
+fn engine_error(py: Python<'_>, err: PyErr) -> EngineError {
+    let value = err.value(py);
+    let kind = value
+        .getattr("kind")
+        .and_then(|k| k.extract::<String>())
+        .ok()
+        .or_else(|| {
+            let name = value.get_type().name().ok()?.to_string();
+            (name == "OutOfMemoryError").then(|| "overloaded".to_string())
+        });
+    let message = err.to_string();
+    match kind.as_deref() {
+        Some("invalid_input") => EngineError::InvalidInput(message),
+        Some("model") => EngineError::Model(message),
+        Some("overloaded") => EngineError::Overloaded(message),
+        _ => EngineError::Fault(message),
+    }
 }
 
 impl Engine for Rose {
@@ -142,19 +187,19 @@ impl Engine for Rose {
         })
     }
 
-    fn step(&mut self, batch: &Batch) -> Result<RoseResult, String> {
+    fn step(&mut self, batch: &Batch) -> Result<RoseResult, EngineError> {
         Python::attach(|py| {
             let ids = int32_bytes(py, &batch.token_ids);
             let cu_seqlens = int32_bytes(py, &batch.cu_seqlens);
             let lazy = self
                 .engine
                 .bind(py)
-                .call_method1("step", (ids, cu_seqlens))?;
+                .call_method1("step", (ids, cu_seqlens))
+                .map_err(|e| engine_error(py, e))?;
             Ok(RoseResult {
                 lazy: lazy.unbind(),
             })
         })
-        .map_err(|e: PyErr| e.to_string())
     }
 }
 
@@ -168,17 +213,19 @@ fn int32_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyByteArray> 
 }
 
 impl Pending for RoseResult {
-    fn wait(self) -> Result<Pooled, String> {
+    fn wait(self) -> Result<Pooled, EngineError> {
         Python::attach(|py| {
-            // Blocks on the CUDA event; torch lets go of the GIL while it waits.
-            let array = self.lazy.bind(py).call_method0("wait")?;
-            let buffer = PyBuffer::<f32>::get(&array)?;
-            let dim = buffer.shape().get(1).copied().unwrap_or(0);
-            Ok(Pooled {
-                dim,
-                data: buffer.to_vec(py)?,
-            })
+            let read = || -> PyResult<Pooled> {
+                // Blocks on the CUDA event; torch lets go of the GIL while it waits.
+                let array = self.lazy.bind(py).call_method0("wait")?;
+                let buffer = PyBuffer::<f32>::get(&array)?;
+                let dim = buffer.shape().get(1).copied().unwrap_or(0);
+                Ok(Pooled {
+                    dim,
+                    data: buffer.to_vec(py)?,
+                })
+            };
+            read().map_err(|e| engine_error(py, e))
         })
-        .map_err(|e: PyErr| e.to_string())
     }
 }

@@ -42,27 +42,41 @@ struct Listen {
     hostname: String,
 }
 
-/// Runs the command `argv[0]` (ivy-serve or tulip-serve) with its flags; returns the exit code.
+/// `ivy-serve`: Ivy, Tulip and ROSE in one process (or Ivy alone over `--tulip-endpoint`);
+/// returns the exit code.
 #[pyfunction]
-pub fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
-    let tulip_only = argv
-        .first()
-        .is_some_and(|name| name.ends_with("tulip-serve"));
-    let parsed = if tulip_only {
-        TulipServe::try_parse_from(&argv).map(|a| (a.engine, a.tulip, None, a.listen.hostname))
-    } else {
-        IvyServe::try_parse_from(&argv).map(|a| {
+pub fn serve_ivy(py: Python<'_>, argv: Vec<String>) -> i32 {
+    match IvyServe::try_parse_from(&argv) {
+        Ok(a) => {
             let hostname = a.ivy.hostname.clone();
-            (a.engine, a.tulip, Some(a.ivy), hostname)
-        })
-    };
-    let (engine, tulip, ivy, hostname) = match parsed {
-        Ok(parsed) => parsed,
-        Err(err) => {
-            let _ = err.print();
-            return err.exit_code();
+            serve(py, a.engine, a.tulip, Some(a.ivy), hostname)
         }
-    };
+        Err(err) => usage(err),
+    }
+}
+
+/// `tulip-serve`: Tulip and ROSE alone, for gateways elsewhere; returns the exit code.
+#[pyfunction]
+pub fn serve_tulip(py: Python<'_>, argv: Vec<String>) -> i32 {
+    match TulipServe::try_parse_from(&argv) {
+        Ok(a) => serve(py, a.engine, a.tulip, None, a.listen.hostname),
+        Err(err) => usage(err),
+    }
+}
+
+/// Prints clap's message (help, version, or what is wrong); its exit code.
+fn usage(err: clap::Error) -> i32 {
+    let _ = err.print();
+    err.exit_code()
+}
+
+fn serve(
+    py: Python<'_>,
+    engine: EngineArgs,
+    tulip: TulipArgs,
+    ivy: Option<IvyArgs>,
+    hostname: String,
+) -> i32 {
     init_logging();
     let tokenizer = ivy
         .as_ref()
@@ -79,11 +93,11 @@ pub fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
     }
 }
 
-/// The tokenizer.json of the model folder that ROSE will load (rose.model_dir.model_root), if
+/// The tokenizer.json of the model folder that ROSE will load (rose.loading.model_dir.model_root), if
 /// Python can say where it is.
 fn tokenizer_path(py: Python<'_>, model: Option<&Path>) -> Option<PathBuf> {
     let root = py
-        .import("rose.model_dir")
+        .import("rose.loading.model_dir")
         .and_then(|m| m.call_method1("model_root", (model,)))
         .and_then(|root| root.extract::<PathBuf>());
     root.ok().map(|root| root.join("tokenizer.json"))

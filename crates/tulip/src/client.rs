@@ -23,8 +23,8 @@ enum Transport {
         raw: RawClient<Channel>,
     },
     /// The service's own methods, called directly: the same contract without a socket, for a
-    /// gateway that runs beside its Tulip (`ivy-serve`). A loopback gRPC round trip costs about
-    /// 0.25 ms of a 2 ms query on the H200 (benches/RESULTS.md).
+    /// gateway that runs beside its Tulip (`ivy-serve`), whose queries would otherwise pay a
+    /// loopback gRPC round trip each.
     InProcess(TulipService),
 }
 

@@ -2,7 +2,8 @@
 
 use clap::Args;
 
-use crate::queue::Budget;
+use crate::packing::Budget;
+use crate::proto::ModelInfo;
 
 /// Flags of the Tulip inference server.
 #[derive(Debug, Clone, Args)]
@@ -24,10 +25,10 @@ pub struct TulipArgs {
 
 impl Budget {
     /// The limits an engine is sized for (the engine applies the flags and its defaults).
-    pub fn of(info: &crate::EngineInfo) -> Budget {
+    pub fn of(info: &ModelInfo) -> Budget {
         Budget {
-            max_tokens: info.max_batch_tokens.max(1),
-            max_sequences: info.max_batch_requests.max(1),
+            max_tokens: (info.max_batch_tokens as usize).max(1),
+            max_sequences: (info.max_batch_requests as usize).max(1),
         }
     }
 }

@@ -3,6 +3,9 @@
 //! `step` only enqueues work and returns a [`Pending`] result at once; the scheduler waits on it
 //! from another thread while the engine thread prepares the next batch.
 
+use crate::error::EngineError;
+use crate::proto::{ModelInfo, TokenizerResponse};
+
 /// A packed batch: all sequences' token ids concatenated, with cumulative offsets (no padding).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Batch {
@@ -46,10 +49,18 @@ impl Pooled {
     }
 }
 
+/// What an engine serves, as it reports it after loading.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Served {
+    pub model: ModelInfo,
+    /// The tokenizer and the template that clients tokenize by.
+    pub tokenization: TokenizerResponse,
+}
+
 /// A batch's result that may still be in flight on the device.
 pub trait Pending: Send + 'static {
     /// Blocks until the vectors are on the host.
-    fn wait(self) -> Result<Pooled, String>;
+    fn wait(self) -> Result<Pooled, EngineError>;
 }
 
 /// Reads an engine's live state (graph memory, fidelity, idle share) as a JSON object; callable
@@ -61,7 +72,7 @@ pub trait Engine: 'static {
     type Pending: Pending;
 
     /// Enqueues the forward pass of `batch`; returns without waiting for the device.
-    fn step(&mut self, batch: &Batch) -> Result<Self::Pending, String>;
+    fn step(&mut self, batch: &Batch) -> Result<Self::Pending, EngineError>;
 
     /// A probe of the engine's live state; by default the engine has none to report.
     fn probe(&self) -> Probe {
@@ -76,28 +87,4 @@ pub trait Engine: 'static {
     {
         body()
     }
-}
-
-/// What the engine serves, as reported by it after loading.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EngineInfo {
-    pub model_id: String,
-    pub model_type: String,
-    pub model_path: String,
-    pub dtype: String,
-    pub device: String,
-    pub attention_backend: String,
-    pub pooling: String,
-    pub dimensions: usize,
-    pub max_input_length: usize,
-    pub vocab_size: usize,
-    /// The batch limits the engine is sized for (Tulip packs under them).
-    pub max_batch_tokens: usize,
-    pub max_batch_requests: usize,
-    /// tokenizer.json as published with the model.
-    pub tokenizer_json: Vec<u8>,
-    /// Prompts and other tokenization settings, as a JSON object (see Ivy's `template`).
-    pub template_json: String,
-    /// Engine-specific facts at load, as a JSON object.
-    pub engine_json: String,
 }

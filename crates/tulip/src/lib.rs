@@ -7,8 +7,8 @@ pub mod client;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod packing;
 pub mod postprocess;
-pub mod queue;
 pub mod scheduler;
 pub mod server;
 
@@ -19,6 +19,7 @@ pub mod proto {
 
 pub use client::TulipClient;
 pub use config::TulipArgs;
-pub use engine::{Batch, Engine, EngineInfo, Pending, Pooled, Probe};
-pub use error::TulipError;
+pub use engine::{Batch, Engine, Pending, Pooled, Probe, Served};
+pub use error::{EngineError, TulipError};
+pub use packing::Budget;
 pub use scheduler::Scheduler;

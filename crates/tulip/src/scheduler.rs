@@ -14,22 +14,22 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{Batch, Engine, EngineInfo, Pending, Pooled, Probe};
-use crate::error::TulipError;
-use crate::queue::{take_batch, Budget, Queued};
+use crate::engine::{Batch, Engine, Pending, Pooled, Probe, Served};
+use crate::error::{EngineError, TulipError};
+use crate::packing::{take_batch, Budget, Queued};
 
 /// Handle to the engine thread; cloning it is cheap.
 #[derive(Clone)]
 pub struct Scheduler {
     submit: mpsc::UnboundedSender<Arc<Job>>,
-    info: Arc<EngineInfo>,
+    served: Arc<Served>,
     budget: Budget,
     probe: Probe,
 }
 
-/// The vectors of one request, with where its time went.
+/// The pooled vectors of one request, with where its time went.
 #[derive(Debug)]
-pub struct Embedded {
+pub struct Answer {
     pub pooled: Pooled,
     /// From submission until its first sequence went into a batch.
     pub queue_time: Duration,
@@ -44,7 +44,7 @@ impl Scheduler {
     pub fn start<E, F>(load: F) -> Result<Scheduler, TulipError>
     where
         E: Engine,
-        F: FnOnce() -> Result<(E, EngineInfo), String> + Send + 'static,
+        F: FnOnce() -> Result<(E, Served), EngineError> + Send + 'static,
     {
         let (submit, incoming) = mpsc::unbounded_channel();
         let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
@@ -52,9 +52,9 @@ impl Scheduler {
             .name("tulip-engine".into())
             .spawn(move || {
                 E::run_thread(move || match load() {
-                    Ok((engine, info)) => {
-                        let budget = Budget::of(&info);
-                        let _ = loaded_tx.send(Ok((info, engine.probe())));
+                    Ok((engine, served)) => {
+                        let budget = Budget::of(&served.model);
+                        let _ = loaded_tx.send(Ok((served, engine.probe())));
                         let (to_waiter, in_flight) = sync_channel(0);
                         thread::Builder::new()
                             .name("tulip-waiter".into())
@@ -70,22 +70,19 @@ impl Scheduler {
                 })
             })
             .expect("spawn the engine thread");
-        let (info, probe) = loaded_rx
-            .recv()
-            .map_err(|_| TulipError::Stopped)?
-            .map_err(TulipError::Engine)?;
-        let budget = Budget::of(&info);
+        let (served, probe) = loaded_rx.recv().map_err(|_| TulipError::Stopped)??;
+        let budget = Budget::of(&served.model);
         Ok(Scheduler {
             submit,
-            info: Arc::new(info),
+            served: Arc::new(served),
             budget,
             probe,
         })
     }
 
     /// What the engine serves.
-    pub fn info(&self) -> &EngineInfo {
-        &self.info
+    pub fn served(&self) -> &Served {
+        &self.served
     }
 
     /// The batch limits the scheduler packs under.
@@ -110,7 +107,7 @@ impl Scheduler {
         &self,
         token_ids: Vec<u32>,
         offsets: Vec<usize>,
-    ) -> Result<Embedded, TulipError> {
+    ) -> Result<Answer, TulipError> {
         let (reply, answer) = oneshot::channel();
         let job = Arc::new(Job::new(token_ids, offsets, reply));
         self.submit.send(job).map_err(|_| TulipError::Stopped)?;
@@ -131,14 +128,14 @@ struct JobState {
     dim: usize,
     remaining: usize,
     started: Option<Instant>,
-    reply: Option<oneshot::Sender<Result<Embedded, TulipError>>>,
+    reply: Option<oneshot::Sender<Result<Answer, TulipError>>>,
 }
 
 impl Job {
     fn new(
         token_ids: Vec<u32>,
         offsets: Vec<usize>,
-        reply: oneshot::Sender<Result<Embedded, TulipError>>,
+        reply: oneshot::Sender<Result<Answer, TulipError>>,
     ) -> Job {
         let remaining = offsets.len().saturating_sub(1);
         let state = JobState {
@@ -189,7 +186,7 @@ impl Job {
         if state.remaining == 0 {
             let now = Instant::now();
             let started = state.started.unwrap_or(now);
-            let embedded = Embedded {
+            let answer = Answer {
                 pooled: Pooled {
                     dim,
                     data: std::mem::take(&mut state.data),
@@ -198,14 +195,14 @@ impl Job {
                 inference_time: now - started,
             };
             if let Some(reply) = state.reply.take() {
-                let _ = reply.send(Ok(embedded));
+                let _ = reply.send(Ok(answer));
             }
         }
     }
 
-    fn fail(&self, message: &str) {
+    fn fail(&self, err: &EngineError) {
         if let Some(reply) = self.state().reply.take() {
-            let _ = reply.send(Err(TulipError::Engine(message.to_string())));
+            let _ = reply.send(Err(err.clone().into()));
         }
     }
 }
@@ -274,7 +271,11 @@ fn engine_loop<E: Engine>(
                 }
             }
             Err(err) => {
-                tracing::error!("engine step failed: {err}");
+                tracing::error!(
+                    "engine step of {} tokens in {} sequences failed: {err}",
+                    batch.token_ids.len(),
+                    batch.len()
+                );
                 members.iter().for_each(|seq| seq.job.fail(&err));
             }
         }
@@ -297,7 +298,7 @@ fn waiter_loop<P: Pending>(in_flight: Receiver<InFlight<P>>) {
                 }
             }
             Err(err) => {
-                tracing::error!("engine result failed: {err}");
+                tracing::error!("engine result of {} sequences failed: {err}", members.len());
                 members.iter().for_each(|seq| seq.job.fail(&err));
             }
         }
@@ -311,19 +312,19 @@ mod tests {
     /// An engine whose vector for a sequence is [its length, its first token id].
     struct Echo;
 
-    struct Ready(Result<Pooled, String>);
+    struct Ready(Result<Pooled, EngineError>);
 
     impl Pending for Ready {
-        fn wait(self) -> Result<Pooled, String> {
+        fn wait(self) -> Result<Pooled, EngineError> {
             self.0
         }
     }
 
     impl Engine for Echo {
         type Pending = Ready;
-        fn step(&mut self, batch: &Batch) -> Result<Ready, String> {
+        fn step(&mut self, batch: &Batch) -> Result<Ready, EngineError> {
             if batch.token_ids.contains(&666) {
-                return Err("bad token".into());
+                return Err(EngineError::Fault("bad token".into()));
             }
             let data = batch
                 .cu_seqlens
@@ -334,15 +335,18 @@ mod tests {
         }
     }
 
-    fn sized(max_batch_tokens: usize, max_batch_requests: usize) -> EngineInfo {
-        EngineInfo {
-            max_batch_tokens,
-            max_batch_requests,
+    fn sized(max_batch_tokens: u32, max_batch_requests: u32) -> Served {
+        Served {
+            model: crate::proto::ModelInfo {
+                max_batch_tokens,
+                max_batch_requests,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }
 
-    fn start(max_tokens: usize) -> Scheduler {
+    fn start(max_tokens: u32) -> Scheduler {
         Scheduler::start(move || Ok((Echo, sized(max_tokens, 4)))).unwrap()
     }
 
@@ -379,7 +383,7 @@ mod tests {
     async fn an_engine_error_fails_its_batch_and_the_engine_keeps_serving() {
         let scheduler = start(4);
         let err = scheduler.embed(vec![666], vec![0, 1]).await.unwrap_err();
-        assert!(matches!(err, TulipError::Engine(_)));
+        assert!(matches!(err, TulipError::Engine(EngineError::Fault(_))));
         assert!(scheduler.embed(vec![1], vec![0, 1]).await.is_ok());
     }
 
@@ -391,7 +395,7 @@ mod tests {
 
     impl Engine for Gated {
         type Pending = Ready;
-        fn step(&mut self, batch: &Batch) -> Result<Ready, String> {
+        fn step(&mut self, batch: &Batch) -> Result<Ready, EngineError> {
             if self.seen.lock().unwrap().is_empty() {
                 self.release.recv().unwrap();
             }

@@ -5,11 +5,10 @@ use std::future::Future;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
-use crate::engine::EngineInfo;
 use crate::error::TulipError;
 use crate::postprocess::{append_row, Shape};
 use crate::proto::tulip_server::{Tulip, TulipServer};
-use crate::proto::{self, Encoding};
+use crate::proto::{self, Encoding, ModelInfo};
 use crate::scheduler::Scheduler;
 
 /// Largest gRPC message Tulip accepts or a client takes (a whole model tokenizer fits).
@@ -52,7 +51,7 @@ impl Tulip for TulipService {
         request: Request<proto::EmbedRequest>,
     ) -> Result<Response<proto::EmbedResponse>, Status> {
         let request = request.into_inner();
-        let shape = validate(&request, self.scheduler.info())?;
+        let shape = validate(&request, &self.scheduler.served().model)?;
         let offsets = offsets(&request.lengths);
         let count = request.lengths.len();
         let embedded = self.scheduler.embed(request.token_ids, offsets).await?;
@@ -78,21 +77,8 @@ impl Tulip for TulipService {
         let engine_json = tokio::task::spawn_blocking(move || scheduler.probe())
             .await
             .map_err(|e| Status::internal(format!("the engine probe failed: {e}")))?;
-        let info = self.scheduler.info();
-        let budget = self.scheduler.budget();
         Ok(Response::new(proto::InfoResponse {
-            model_id: info.model_id.clone(),
-            model_type: info.model_type.clone(),
-            dtype: info.dtype.clone(),
-            device: info.device.clone(),
-            attention_backend: info.attention_backend.clone(),
-            pooling: info.pooling.clone(),
-            dimensions: info.dimensions as u32,
-            max_input_length: info.max_input_length as u32,
-            vocab_size: info.vocab_size as u32,
-            max_batch_tokens: budget.max_tokens as u32,
-            max_batch_requests: budget.max_sequences as u32,
-            model_path: info.model_path.clone(),
+            model: Some(self.scheduler.served().model.clone()),
             engine_json,
         }))
     }
@@ -110,11 +96,7 @@ impl Tulip for TulipService {
         &self,
         _: Request<proto::TokenizerRequest>,
     ) -> Result<Response<proto::TokenizerResponse>, Status> {
-        let info = self.scheduler.info();
-        Ok(Response::new(proto::TokenizerResponse {
-            tokenizer_json: info.tokenizer_json.clone(),
-            template_json: info.template_json.clone(),
-        }))
+        Ok(Response::new(self.scheduler.served().tokenization.clone()))
     }
 }
 
@@ -128,7 +110,7 @@ fn offsets(lengths: &[u32]) -> Vec<usize> {
 }
 
 /// Checks a request against the model; Ivy checks too, but Tulip trusts no client.
-fn validate(request: &proto::EmbedRequest, info: &EngineInfo) -> Result<Shape, TulipError> {
+fn validate(request: &proto::EmbedRequest, info: &ModelInfo) -> Result<Shape, TulipError> {
     let invalid = |msg: String| Err(TulipError::Validation(msg));
     if request.lengths.is_empty() {
         return invalid("a request needs at least one sequence".into());
@@ -146,26 +128,22 @@ fn validate(request: &proto::EmbedRequest, info: &EngineInfo) -> Result<Shape, T
     if let Some(i) = request
         .lengths
         .iter()
-        .position(|&len| len as usize > info.max_input_length)
+        .position(|&len| len > info.max_input_length)
     {
         return invalid(format!(
             "sequence {i} has {} tokens; the model takes at most {}",
             request.lengths[i], info.max_input_length
         ));
     }
-    if let Some(&id) = request
-        .token_ids
-        .iter()
-        .find(|&&id| id as usize >= info.vocab_size)
-    {
+    if let Some(&id) = request.token_ids.iter().find(|&&id| id >= info.vocab_size) {
         return invalid(format!(
             "token id {id} is outside the vocabulary (size {})",
             info.vocab_size
         ));
     }
-    let dimensions = match request.dimensions as usize {
-        0 => info.dimensions,
-        d if d <= info.dimensions => d,
+    let dimensions = match request.dimensions {
+        0 => info.dimensions as usize,
+        d if d <= info.dimensions => d as usize,
         d => {
             return invalid(format!(
                 "dimensions must be between 1 and {}; got {d}",
@@ -187,8 +165,8 @@ fn validate(request: &proto::EmbedRequest, info: &EngineInfo) -> Result<Shape, T
 mod tests {
     use super::*;
 
-    fn info() -> EngineInfo {
-        EngineInfo {
+    fn info() -> ModelInfo {
+        ModelInfo {
             dimensions: 8,
             max_input_length: 4,
             vocab_size: 100,

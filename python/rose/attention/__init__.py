@@ -28,7 +28,7 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 # The fastest GPU backend by (head_dim, causal), for batches whose mean sequence length is at
-# most the bound. From benches/attention.py on the H200, 2026-11-29 (benches/RESULTS.md): with
+# most the bound. Measured by benches/attention.py (benches/RESULTS.md has the table): with
 # head_dim 32 (MiniLM), torch's varlen kernel leads up to 512-token sequences and FA4 beyond;
 # with head_dim 128 (Qwen3), FlashInfer FA2 leads on short queries and FA3 from 32 tokens up.
 # Shapes not listed take GPU_ORDER.
@@ -41,8 +41,8 @@ GPU_ORDER = ["fa3", "fa4", "fa2", "torch"]
 # Backends whose libraries take a second or more to import (FlashInfer and FA4 load the CuTe DSL).
 HEAVY = {"fa2", "fa3", "fa4"}
 # Shapes whose small batches (online queries: SmallBatchBackend's max_tokens or fewer in all) take
-# ROSE's Triton kernel instead: Qwen3's (benches/latency.py on the H200) and MiniLM's (a 16-token
-# query 0.38-0.39 ms in the engine against 0.46-0.49 with torch's kernel; benches/RESULTS.md).
+# ROSE's Triton kernel instead: Qwen3's and MiniLM's, where benches/latency.py measured it faster
+# than the library kernels on short queries.
 SMALL_BATCH_SHAPES = {(128, False), (128, True), (32, False)}
 
 

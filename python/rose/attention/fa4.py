@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from rose.attention.base import AttentionSpec, BackendUnavailable, OffsetsOnDeviceBackend
-from rose.cache import cache_dir
+from rose.runtime.cache import cache_dir
 
 
 class FlashAttention4Backend(OffsetsOnDeviceBackend):

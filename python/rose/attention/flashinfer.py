@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rose import kernels
 from rose.attention.base import AttentionBackend, AttentionSpec, BackendUnavailable
 from rose.batch import RaggedBatch
+from rose.ops import kernels
 
-# 128 MiB overflowed on the H200 planning a large MiniLM batch with fa2 (144 MiB of scratch).
+# 128 MiB overflowed planning a large MiniLM batch with fa2 (144 MiB of scratch).
 _WORKSPACE_BYTES = 512 << 20
 # FlashInfer compiles head dims 64, 128 and 256 only; smaller heads are zero-padded up to 64
 # (the padded lanes add nothing to q.k, and the softmax scale stays the real head dim's).

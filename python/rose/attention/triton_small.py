@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from rose import kernels
 from rose.attention.base import AttentionSpec, BackendUnavailable, OffsetsOnDeviceBackend
+from rose.ops import kernels
 
 
 class SmallBatchBackend(OffsetsOnDeviceBackend):
-    """rose.triton_kernels.small_batch_attention, for batches of at most `max_tokens` tokens;
+    """rose.ops.triton_kernels.small_batch_attention, for batches of at most `max_tokens` tokens;
     AutoBackend sends it those."""
 
     name = "triton"

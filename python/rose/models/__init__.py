@@ -1,7 +1,12 @@
-"""Model registry: which class runs which `model_type` of config.json."""
+"""The model families ROSE serves: a file each, and a line each in MODELS (config.json's
+`model_type` to the class). A family's class is built from (config, weights, dtype, device,
+matmul_dtype), names its checkpoint's weight prefixes in `weight_prefixes`, and has
+`attention_spec` and `forward(batch, attention) -> [tokens, hidden]`; a decoder family may offer
+`decoder_weights()` for the fused single-query decoders (rose.decoder)."""
 
 from __future__ import annotations
 
+from rose.errors import ModelError
 from rose.models.bert import Bert
 from rose.models.qwen3 import Qwen3
 
@@ -16,4 +21,4 @@ def model_class(model_type: str) -> type:
     try:
         return MODELS[model_type]
     except KeyError:
-        raise ValueError(f"model type {model_type!r} is not supported; supported: {', '.join(MODELS)}") from None
+        raise ModelError(f"model type {model_type!r} is not supported; supported: {', '.join(MODELS)}") from None

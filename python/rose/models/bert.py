@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
-from rose.layers import Linear, Weights
+from rose.errors import ModelError
+from rose.models.layers import Linear, Weights
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Bert:
         matmul_dtype: torch.dtype | None = None,
     ) -> None:
         if config.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError("only absolute position embeddings are supported for BERT models")
+            raise ModelError("only absolute position embeddings are supported for BERT models")
         self.hidden = config["hidden_size"]
         self.eps = config.get("layer_norm_eps", 1e-12)
         self.activation = _ACTIVATIONS[config.get("hidden_act", "gelu")]

@@ -4,24 +4,16 @@ pplx-embed (`use_bidirectional_attention`, mean pooling)."""
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from rose import kernels
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
-from rose.layers import Linear, Weights
-from rose.pooling import pool
-
-if TYPE_CHECKING:
-    from rose.cuda_decoder import CudaDecoder
-    from rose.fused_decoder import FusedDecoder
-
-log = logging.getLogger(__name__)
+from rose.decoder.base import DecoderWeights
+from rose.errors import ModelError
+from rose.models.layers import Linear, Weights
+from rose.ops import kernels
 
 
 @dataclass
@@ -41,7 +33,7 @@ def rope_theta(config: dict) -> float:
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ("default", None):
-        raise ValueError(f"RoPE scaling {rope_type!r} is not supported")
+        raise ModelError(f"RoPE scaling {rope_type!r} is not supported")
     return float(config.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
@@ -92,54 +84,14 @@ class Qwen3:
                     down=linear([f"{p}.mlp.down_proj"]),
                 )
             )
-        self.fused = self._fused_decoder(dtype, matmul_dtype or dtype, device)
 
-    def _fused_decoder(
-        self, dtype: torch.dtype, matmul_dtype: torch.dtype, device: torch.device
-    ) -> CudaDecoder | FusedDecoder | None:
-        """The layers as one launch for short batches, on a GPU in 16-bit: the CUDA kernel where it
-        fits (Qwen3-0.6B's sizes on Hopper), else the Triton one where Triton runs.
-        ROSE_FUSED_DECODER=0 turns both off, =triton the CUDA one (for comparisons). The CUDA one
-        takes the layers' weights over only once its kernel is loaded, so a failure leaves them as
-        they were for the Triton one."""
-        choice = os.environ.get("ROSE_FUSED_DECODER", "auto")
-        if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or matmul_dtype != dtype:
-            return None
-        if choice == "0" or torch.cuda.get_device_capability(device) < (8, 0):
-            return None
-        if choice != "triton":
-            from rose import cuda_decoder, nvrtc
-            from rose.cuda_driver import CudaError
-
-            try:
-                return cuda_decoder.CudaDecoder(self.layers, self.attention_spec, self.eps, device)
-            except (ValueError, OSError, CudaError, nvrtc.NvrtcError) as why:
-                log.info("the CUDA decoder does not serve this model here: %s", why)
-        tr = kernels.triton_kernels()
-        # Its attention is norm_rope_attention's, with the same limits on the head dim.
-        if tr is None or not tr.fits_norm_rope_attention(self.attention_spec.head_dim):
-            return None
-        from rose import fused_decoder
-
-        try:
-            return fused_decoder.FusedDecoder(self.layers, self.attention_spec, self.eps, device)
-        except ValueError:
-            return None
-
-    def pooled(self, batch: RaggedBatch, attention: AttentionBackend, pooling: str) -> torch.Tensor:
-        """[tokens] ids -> [sequences, hidden] float32 vectors pooled by `pooling` (rose.pooling's
-        modes): in one launch where the CUDA decoder takes the batch, else forward(), then pool."""
-        if self.fused is not None and self.fused.pools and batch.num_tokens <= self.fused.max_tokens:
-            return self.fused(batch, self.embed_tokens, self.rope, self.norm, pooling)
-        return pool(self.forward(batch, attention), batch, pooling)
+    def decoder_weights(self) -> DecoderWeights:
+        """What a fused decoder (rose.decoder) runs this model's single queries from."""
+        return DecoderWeights(self.layers, self.embed_tokens, self.rope, self.norm, self.attention_spec, self.eps)
 
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states after the final norm."""
         spec = self.attention_spec
-        if self.fused is not None and not self.fused.pools and batch.num_tokens <= self.fused.max_tokens:
-            x = self.embed_tokens[batch.input_ids].float()
-            self.fused(x, batch, self.rope)
-            return kernels.rmsnorm(x.to(self.norm.dtype), self.norm, self.eps)
         x = self.embed_tokens[batch.input_ids]
         residual = x.clone()
         h = kernels.rmsnorm(x, self.layers[0].input_norm, self.eps)

@@ -1,19 +1,18 @@
-//! The HTTP routes; each file holds one API family.
+//! The HTTP routes. Each API family is a file that parses its bodies into the one request path
+//! (crate::request) and renders the answer; body.rs and timing.rs are what they share.
 
+mod body;
 mod openai;
 mod status;
 mod tei;
+mod timing;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::de::DeserializeOwned;
 
-use crate::embed::Embedded;
-use crate::error::IvyError;
-use crate::server::Gateway;
+use crate::gateway::Gateway;
 
 /// All routes of the gateway.
 pub fn router(gateway: Gateway) -> Router {
@@ -34,48 +33,4 @@ pub fn router(gateway: Gateway) -> Router {
 async fn not_found() -> (StatusCode, Json<serde_json::Value>) {
     let body = serde_json::json!({"error": "no such route", "error_type": "not_found"});
     (StatusCode::NOT_FOUND, Json(body))
-}
-
-/// A JSON body whose rejections are answered in Ivy's error format.
-pub struct JsonBody<T>(pub T);
-
-impl<T: DeserializeOwned> FromRequest<Gateway> for JsonBody<T> {
-    type Rejection = IvyError;
-
-    async fn from_request(req: Request, state: &Gateway) -> Result<Self, IvyError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(JsonBody(value)),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(IvyError::UnsupportedMediaType),
-            Err(JsonRejection::JsonSyntaxError(e)) => Err(IvyError::InvalidJson(e.body_text())),
-            Err(JsonRejection::JsonDataError(e)) => Err(IvyError::Validation(e.body_text())),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(IvyError::TooLarge(format!(
-                "the request body is larger than this server's limit of {} bytes (--payload-limit)",
-                state.args().payload_limit
-            )))
-            }
-            Err(e) => Err(IvyError::InvalidJson(e.body_text())),
-        }
-    }
-}
-
-/// TEI's timing headers plus the split Ivy measures, in milliseconds.
-fn timing_headers(embedded: &Embedded) -> HeaderMap {
-    let e = &embedded.embeddings;
-    let fields = [
-        ("x-total-time", embedded.total_time),
-        ("x-tokenization-time", embedded.tokenization_time),
-        ("x-queue-time", e.queue_time),
-        ("x-inference-time", e.inference_time),
-        ("x-transfer-time", e.transfer_time),
-    ];
-    let mut headers = HeaderMap::new();
-    for (name, time) in fields {
-        let millis = format!("{:.3}", time.as_secs_f64() * 1000.0);
-        headers.insert(
-            name,
-            HeaderValue::from_str(&millis).expect("digits are a valid header value"),
-        );
-    }
-    headers
 }

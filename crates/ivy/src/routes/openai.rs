@@ -9,11 +9,12 @@ use serde_json::{json, Value};
 use tokenizers::TruncationDirection;
 use tulip::proto::Encoding;
 
-use super::{timing_headers, JsonBody};
-use crate::embed::EmbedCall;
+use super::body::JsonBody;
+use super::timing::timing_headers;
 use crate::error::IvyError;
+use crate::gateway::Gateway;
 use crate::input::parse_inputs;
-use crate::server::Gateway;
+use crate::request::EmbedCall;
 
 #[derive(Deserialize)]
 pub(super) struct EmbeddingsRequest {
@@ -53,7 +54,7 @@ pub(super) async fn embeddings(
         encoding,
     };
     let embedded = gateway.embed("openai", call).await?;
-    let e = &embedded.embeddings;
+    let e = &embedded.vectors;
     let data = (0..e.count)
         .map(|index| {
             let row = e.row(index);
@@ -78,13 +79,13 @@ pub(super) async fn embeddings(
         data,
         model: request
             .model
-            .unwrap_or_else(|| gateway.info().model_id.clone()),
+            .unwrap_or_else(|| gateway.model().model_id.clone()),
         usage: Usage {
             prompt_tokens: embedded.tokens,
             total_tokens: embedded.tokens,
         },
     };
-    Ok((timing_headers(&embedded), Json(body)))
+    Ok((timing_headers(&embedded.timings), Json(body)))
 }
 
 /// The body of an embeddings answer. Typed, so that floats are written as float32 (the shortest
@@ -121,7 +122,7 @@ struct Usage {
 }
 
 pub(super) async fn models(State(gateway): State<Gateway>) -> Json<Value> {
-    let model = json!({"id": gateway.info().model_id, "object": "model", "owned_by": "ivy"});
+    let model = json!({"id": gateway.model().model_id, "object": "model", "owned_by": "ivy"});
     Json(json!({"object": "list", "data": [model]}))
 }
 

@@ -7,47 +7,42 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::error::IvyError;
-use crate::server::Gateway;
+use crate::gateway::Gateway;
 
 pub(super) async fn health(State(gateway): State<Gateway>) -> Result<StatusCode, IvyError> {
-    if gateway.backend().is_healthy().await {
+    if gateway.replicas().is_healthy().await {
         Ok(StatusCode::OK)
     } else {
         Err(IvyError::Unavailable("the engine is not ready".into()))
     }
 }
 
-/// Like TEI's /info, plus where the model runs and how.
+/// Like TEI's /info: the model as Tulip reports it (protos/tulip.proto's ModelInfo, live when a
+/// replica answers), the engine's live state, and Ivy's own limits.
 pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
-    // Live from Tulip, for the engine's state; what it said at start if it cannot answer now.
-    let live = gateway.backend().info().await.ok();
-    let info = live.as_ref().unwrap_or(gateway.info());
-    let args = gateway.args();
-    let engine: Value = serde_json::from_str(&info.engine_json).unwrap_or(Value::Null);
+    let live = gateway.replicas().info().await.ok();
+    let model = live
+        .as_ref()
+        .and_then(|i| i.model.as_ref())
+        .unwrap_or(gateway.model());
+    let engine: Value = live
+        .as_ref()
+        .and_then(|i| serde_json::from_str(&i.engine_json).ok())
+        .unwrap_or(Value::Null);
+    let mut body = serde_json::to_value(model).unwrap_or_else(|_| json!({}));
     // The engine may switch backends after start (ROSE imports some in the background): its
     // live report wins over what it said at start.
-    let attention_backend = engine
-        .get("attention_backend")
-        .and_then(Value::as_str)
-        .unwrap_or(&info.attention_backend);
-    Json(json!({
-        "model_id": info.model_id,
-        "model_type": info.model_type,
-        "model_dtype": info.dtype,
-        "device": info.device,
-        "attention_backend": attention_backend,
-        "pooling": info.pooling,
-        "dimensions": info.dimensions,
-        "max_input_length": info.max_input_length,
-        "max_batch_tokens": info.max_batch_tokens,
-        "max_batch_requests": info.max_batch_requests,
-        "max_client_batch_size": args.max_client_batch_size,
-        "max_concurrent_requests": args.max_concurrent_requests,
-        "auto_truncate": args.auto_truncate,
-        "tokenization_workers": gateway.tokenizer().workers(),
-        "engine": engine,
-        "version": env!("CARGO_PKG_VERSION"),
-    }))
+    if let Some(backend) = engine.get("attention_backend") {
+        body["attention_backend"] = backend.clone();
+    }
+    let args = gateway.args();
+    body["max_client_batch_size"] = json!(args.max_client_batch_size);
+    body["max_concurrent_requests"] = json!(args.max_concurrent_requests);
+    body["auto_truncate"] = json!(args.auto_truncate);
+    body["tokenization_workers"] = json!(gateway.tokenizer().workers());
+    body["engine"] = engine;
+    body["version"] = json!(env!("CARGO_PKG_VERSION"));
+    Json(body)
 }
 
 pub(super) async fn metrics(State(gateway): State<Gateway>) -> impl IntoResponse {

@@ -11,12 +11,13 @@ use serde_json::Value;
 use tokenizers::TruncationDirection;
 use tulip::proto::Encoding;
 
+use super::body::JsonBody;
 use super::openai::floats;
-use super::{timing_headers, JsonBody};
-use crate::embed::EmbedCall;
+use super::timing::timing_headers;
 use crate::error::IvyError;
+use crate::gateway::Gateway;
 use crate::input::{parse_inputs, Input};
-use crate::server::Gateway;
+use crate::request::EmbedCall;
 use crate::tokenization::EncodeOptions;
 
 #[derive(Deserialize)]
@@ -53,9 +54,9 @@ pub(super) async fn embed(
         encoding: Encoding::Float32,
     };
     let embedded = gateway.embed("tei", call).await?;
-    let e = &embedded.embeddings;
+    let e = &embedded.vectors;
     let vectors: Vec<Vec<f32>> = (0..e.count).map(|i| floats(e.row(i))).collect();
-    Ok((timing_headers(&embedded), Json(vectors)))
+    Ok((timing_headers(&embedded.timings), Json(vectors)))
 }
 
 #[derive(Deserialize)]

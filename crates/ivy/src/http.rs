@@ -1,0 +1,48 @@
+//! Serving the HTTP API: binding the port, the router, graceful shutdown.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use tulip::TulipClient;
+
+use crate::config::IvyArgs;
+use crate::error::IvyError;
+use crate::gateway::{EarlyTokenizer, Gateway};
+
+/// How long `ivy-serve` waits for a Tulip endpoint to answer at start (the engine may be loading).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(300);
+
+/// Serves the HTTP API on `--hostname:--port` over the Tulip `replicas` until `shutdown`;
+/// `early`: the model's tokenizer, already being read (see [`EarlyTokenizer`]).
+pub async fn run(
+    args: IvyArgs,
+    replicas: Vec<TulipClient>,
+    early: Option<EarlyTokenizer>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), IvyError> {
+    let addr = format!("{}:{}", args.hostname, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| IvyError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
+    let metrics = crate::metrics::install();
+    let gateway = Gateway::connect(args, replicas, CONNECT_PATIENCE, metrics, early).await?;
+    let model = gateway.model();
+    tracing::info!(
+        "Ivy listens on http://{addr} serving {} ({} on {}, {} attention)",
+        model.model_id,
+        model.dtype,
+        model.device,
+        model.attention_backend
+    );
+    // Without TCP_NODELAY a response written in two parts can wait for the client's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY on a connection: {err}");
+        }
+    });
+    axum::serve(listener, crate::routes::router(gateway))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| IvyError::Unavailable(format!("the HTTP server failed: {e}")))
+}

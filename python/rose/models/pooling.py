@@ -1,0 +1,27 @@
+"""Pooling token states into one vector per sequence. Shaping the vectors (truncation,
+normalization, quantization) is Tulip's, per request (crates/tulip/src/postprocess.rs)."""
+
+from __future__ import annotations
+
+import torch
+
+from rose.batch import RaggedBatch
+from rose.errors import ModelError
+from rose.loading.model_dir import POOLING_MODES
+
+
+def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str) -> torch.Tensor:
+    """[tokens, hidden] -> [sequences, hidden] in float32, by `mode` (mean, cls or last)."""
+    hidden = hidden.float()
+    # Empty sequences (a CUDA graph bucket's padding) must not index out of range or divide by 0.
+    last_token = hidden.shape[0] - 1
+    if mode == "cls":
+        return hidden[batch.cu_seqlens[:-1].long().clamp(max=last_token)]
+    if mode == "last":
+        return hidden[(batch.cu_seqlens[1:].long() - 1).clamp(min=0)]
+    if mode == "mean":
+        sums = torch.zeros(batch.num_sequences, hidden.shape[1], device=hidden.device, dtype=hidden.dtype)
+        sums.index_add_(0, batch.seq_ids, hidden)
+        counts = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).clamp(min=1).to(hidden.dtype)
+        return sums / counts[:, None]
+    raise ModelError(f"unknown pooling {mode!r}; use {', '.join(POOLING_MODES)}")

@@ -1,0 +1,52 @@
+"""Which device and dtypes an engine runs in, from its flags' values."""
+
+from __future__ import annotations
+
+import torch
+
+from rose.errors import ModelError
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+MIXED = "mixed"
+"""bfloat16 matmuls (float32 accumulation), float32 activations, norms and attention."""
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """ "auto" is the GPU when there is one, else the CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as why:
+        raise ModelError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from why
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """The activations' and the matmuls' dtypes. "auto" is bfloat16 on the GPU and float32 on the CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype, dtype
+    if dtype == MIXED:
+        return torch.float32, torch.bfloat16
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; use auto, {MIXED}, {', '.join(DTYPES)}")
+    return DTYPES[dtype], DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype, matmul_dtype: torch.dtype) -> str:
+    """How /info names the pair."""
+    if matmul_dtype != dtype:
+        return f"{MIXED} ({_name(matmul_dtype)} matmuls, {_name(dtype)} activations)"
+    return _name(dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,290 @@
+"""The ROSE engine: a model, an attention backend, a fused decoder and pooling behind one step()
+call. It composes the parts; each lives in the folder named for it."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rose.attention import AttentionBackend, AutoBackend, create_backend
+from rose.batch import RaggedBatch, as_int32
+from rose.decoder.base import build as build_decoder
+from rose.errors import ModelError
+from rose.loading import prestart
+from rose.loading.model_dir import POOLING_MODES, ModelDir
+from rose.loading.weights import load_weights
+from rose.models import model_class
+from rose.models.pooling import pool
+from rose.runtime.buckets import parse_warmup, warmup_lengths
+from rose.serving import fidelity
+from rose.serving.cuda_steps import CudaSteps
+from rose.serving.dtypes import dtype_name, resolve_device, resolve_dtype
+from rose.serving.fidelity import THRESHOLD
+from rose.serving.lazy import LazyTensor
+from rose.serving.startup import Startup, in_background
+
+log = logging.getLogger(__name__)
+
+STARTUP_PHASES = ("read_weights", "build_model", "attention", "warmup", "fidelity_check")
+"""Where start-up time goes, for /info. "read_weights" includes creating the CUDA context (unless
+rose.loading.prestart made it while torch imported); "attention", importing its libraries;
+"warmup", the --warmup buckets and waiting for Triton's key."""
+
+
+class Engine:
+    """Loads a model folder and embeds packed batches of token ids."""
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        attention_backend: str = "auto",
+        pooling: str | None = None,
+        max_batch_tokens: int | None = None,
+        max_batch_requests: int | None = None,
+        cuda_graphs: str = "lazy",
+        max_cuda_graphs: int = 256,
+        warmup: Sequence[str] = (),
+        verify: bool = True,
+        defer_attention: bool = False,
+        fused_decoder: str = "auto",
+    ) -> None:
+        marks = [time.perf_counter()]
+        self.model_dir = ModelDir.open(model)
+        self.device = resolve_device(device)
+        self.dtype, self.matmul_dtype = resolve_dtype(dtype, self.device)
+        self.pooling = pooling or self.model_dir.pooling
+        if self.pooling not in POOLING_MODES:
+            raise ModelError(f"unknown pooling {self.pooling!r}; use {', '.join(POOLING_MODES)}")
+        on_gpu = self.device.type == "cuda"
+        self.max_batch_tokens = max_batch_tokens or (16384 if on_gpu else 4096)
+        self.max_batch_requests = max_batch_requests or 512
+        self.fused_decoder_requested = fused_decoder
+        # Triton hashes its installation before its first kernel: on a thread while the weights
+        # load (unless rose.loading.prestart did it while torch imported).
+        triton_key = in_background(prestart.warm_triton) if on_gpu else None
+        self._family = model_class(self.model_dir.model_type)
+        # Straight onto the device: the model and the fidelity check's float32 reference are both
+        # built from these there, without a second trip over PCIe.
+        weights = load_weights(self.model_dir.path, self._family.weight_prefixes, self.device)
+        marks.append(time.perf_counter())
+        self.model = self._build(weights, self.dtype, self.matmul_dtype)
+        decoder_weights = getattr(self.model, "decoder_weights", None)
+        self.decoder = build_decoder(fused_decoder, decoder_weights() if decoder_weights else None, self.device)
+        marks.append(time.perf_counter())
+        self.attention = self._attention(attention_backend, defer_attention)
+        self.gpu: CudaSteps | None = None
+        if on_gpu:
+            self.gpu = CudaSteps(self.device, self.max_batch_tokens, self.max_batch_requests, cuda_graphs,
+                                 max_cuda_graphs, self.attention)  # fmt: skip
+        marks.append(time.perf_counter())
+        checks = verify and (on_gpu or self.matmul_dtype != self.dtype)
+        self.startup = Startup(self, checks, defer_attention)
+        if triton_key is not None:
+            wait([triton_key])
+        for spec in warmup:
+            lengths = warmup_lengths(*parse_warmup(spec))
+            for _ in range(2):  # with lazy graphs: the eager run, then the capture
+                self.embed_ids([[100] * n for n in lengths])
+        marks.append(time.perf_counter())
+        fixed = fidelity.sequences(self.vocab_size, self.max_input_length)
+        self.startup.check(fixed, functools.partial(self._stored_reference, fixed, weights))
+        del weights
+        marks.append(time.perf_counter())
+        self.startup_seconds = {
+            k: round(b - a, 3) for k, a, b in zip(STARTUP_PHASES, marks[:-1], marks[1:], strict=True)
+        }
+        log.info(
+            "ROSE serves %s (%s) on %s in %s with %s attention, %s pooling, fused decoder %s and CUDA graphs %s; "
+            "start-up %s",
+            self.model_dir.model_id,
+            self.model_dir.model_type,
+            self.device,
+            self.dtype_name,
+            self.attention.name,
+            self.pooling,
+            self.decoder.name if self.decoder else "off",
+            self.gpu.describe_graphs()["mode"] if self.gpu else "off",
+            ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_seconds.items()),
+        )
+        self.startup.start_imports()
+
+    def _build(self, weights: dict[str, torch.Tensor], dtype: torch.dtype, matmul_dtype: torch.dtype) -> Any:
+        return self._family(self.model_dir.config, weights, dtype, self.device, matmul_dtype)
+
+    def _attention(self, name: str, defer: bool = False) -> AttentionBackend:
+        spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
+        return create_backend(name, spec, self.device, self.max_input_length, defer)
+
+    def use_attention(self, name: str, defer: bool = False) -> None:
+        """Switches the attention backend: "auto", or a name of rose.attention.BACKENDS. With
+        `defer`, "auto" leaves the backends whose libraries are slow to import for later."""
+        self.attention = self._attention(name, defer)
+        if self.gpu is not None:
+            self.gpu.use_attention(self.attention)
+
+    def fall_back(self) -> bool:
+        """A plainer path after a failed fidelity check: graphs off, then torch's attention;
+        False when none is left."""
+        if self.gpu is not None and self.gpu.graphs is not None:
+            self.gpu.graphs = None
+            return True
+        if self.gpu is not None and self.attention.name != "torch":
+            self.use_attention("torch")
+            return True
+        return False
+
+    @property
+    def path(self) -> str:
+        """The serving path, as the fidelity check names it."""
+        graphs = self.gpu.describe_graphs()["mode"] if self.gpu else "off"
+        return f"{self.attention.name}, {self.dtype_name}, graphs {graphs}"
+
+    @property
+    def fidelity(self) -> dict[str, Any] | None:
+        """The fidelity check's report (None when it did not run)."""
+        return self.startup.fidelity
+
+    @property
+    def dimensions(self) -> int:
+        return int(self.model_dir.config["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model_dir.config["vocab_size"])
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.dtype, self.matmul_dtype)
+
+    @property
+    def smallest_bucket(self) -> int | None:
+        """Batches of this many tokens or fewer take the fused decoder, under graphs of their own."""
+        return self.decoder.max_tokens if self.decoder is not None else None
+
+    @property
+    def max_input_length(self) -> int:
+        return self.model_dir.max_input_length
+
+    @torch.inference_mode()
+    def step(self, input_ids: Any, cu_seqlens: Any) -> LazyTensor:
+        """Enqueues one packed batch; returns its pooled float32 vectors [sequences, dim] as a
+        LazyTensor without waiting for the device. Shaping (truncation, normalization,
+        quantization) is left to the caller, since requests packed together want different
+        shapes. On the GPU, call it with the stream that was current when the engine was made."""
+        ids, cu = as_int32(input_ids), as_int32(cu_seqlens)
+        if self.startup.pending:
+            auto = self.attention if isinstance(self.attention, AutoBackend) else None
+            self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
+        if self.gpu is None:
+            batch = RaggedBatch.from_host(ids, cu, self.device)
+            self.attention.plan(batch)
+            return LazyTensor(self._forward(batch, self.attention))
+        return self.gpu.step(ids, cu, self.attention, self._forward, self.smallest_bucket, self.max_input_length)
+
+    def _forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
+        """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
+        if self.decoder is not None and batch.num_tokens <= self.decoder.max_tokens:
+            return self.decoder(batch, self.pooling)
+        return pool(self.model.forward(batch, attention), batch, self.pooling)
+
+    def embed_batches(self, batches: Iterable[Sequence[Sequence[int]]]) -> np.ndarray:
+        """Pooled float32 vectors of token-id sequences (lists or int32 arrays), a step a batch as
+        the caller packed them, each step enqueued before the previous one is waited for."""
+        out, pending = [], None
+        for sequences in batches:
+            lengths = np.array([len(s) for s in sequences], dtype=np.int32)
+            cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            ids = np.concatenate([np.asarray(s, dtype=np.int32) for s in sequences])
+            lazy = self.step(ids, cu)
+            if pending is not None:
+                out.append(pending.wait().copy())
+            pending = lazy
+        if pending is not None:
+            out.append(pending.wait().copy())
+        return np.concatenate(out) if out else np.zeros((0, self.dimensions), dtype=np.float32)
+
+    def embed_ids(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+        """Pooled float32 vectors [len(sequences), dim] of one batch."""
+        return self.embed_batches([sequences])
+
+    def reference(self, sequences: list[list[int]], weights: dict[str, torch.Tensor] | None = None) -> np.ndarray:
+        """Pooled vectors of `sequences` from the model in float32 with eager SDPA attention, the
+        fidelity check's reference; `weights`: the checkpoint's tensors if at hand, else read again."""
+        if weights is None:
+            weights = load_weights(self.model_dir.path, self._family.weight_prefixes, self.device)
+        model = self._build(weights, torch.float32, torch.float32)
+        return fidelity.reference(model, self.pooling, self.device, sequences)
+
+    def check_fidelity(self, threshold: float = THRESHOLD) -> dict[str, Any]:
+        """Checks every tier of the serving path now, falling back while it diverges (start-up
+        does this through rose.serving.startup); returns the report."""
+        self.startup.threshold = threshold
+        fixed = fidelity.sequences(self.vocab_size, self.max_input_length)
+        return self.startup.verify(fixed, lambda: self._stored_reference(fixed), fidelity.TIERS).report()
+
+    def _stored_reference(
+        self, fixed: list[list[int]], weights: dict[str, torch.Tensor] | None = None
+    ) -> tuple[np.ndarray, str]:
+        """The reference's vectors of the fixed sequences, or those an earlier start with the
+        same inputs kept on disk."""
+        key = fidelity.reference_key(self.model_dir.path, self.pooling, self.device.type, fixed)
+        return fidelity.stored_reference(key, lambda: self.reference(fixed, weights), (len(fixed), self.dimensions))
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's live state, for /info: graphs, fidelity, and the GPU's idle share between
+        the steps finished since the last call."""
+        auto = self.attention if isinstance(self.attention, AutoBackend) else None
+        out: dict[str, Any] = {
+            "attention_backend": self.attention.name,
+            "attention_deferred": auto.deferred if auto else [],
+            "attention_importing": self.startup.importing,
+            "long_batches_pending": self.startup.long_pending,
+            "short_batches_pending": self.startup.short_pending,
+            "cuda_graphs": self.gpu.describe_graphs() if self.gpu else {"mode": "off"},
+            "fidelity": self.fidelity,
+            "startup_seconds": self.startup_seconds,
+            "fused_decoder": {
+                "requested": self.fused_decoder_requested,
+                **(self.decoder.describe() if self.decoder else {"kernel": None}),
+            },
+        }
+        if self.gpu is not None:
+            out["gpu_idle_fraction"] = self.gpu.timeline.take_idle_fraction()
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """What the engine serves, as protos/tulip.proto's ModelInfo names it (Tulip reads this
+        dict into that message; a key it does not know is an error there)."""
+        return {
+            "model_id": self.model_dir.model_id,
+            "model_type": self.model_dir.model_type,
+            "model_path": str(self.model_dir.path),
+            "dtype": self.dtype_name,
+            "device": str(self.device),
+            "attention_backend": self.attention.name,
+            "pooling": self.pooling,
+            "dimensions": self.dimensions,
+            "max_input_length": self.max_input_length,
+            "vocab_size": self.vocab_size,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_batch_requests": self.max_batch_requests,
+            "normalize_by_default": self.model_dir.normalize,
+            "fused_decoder": self.decoder.name if self.decoder else "off",
+        }
+
+    def tokenization(self) -> tuple[bytes, str]:
+        """tokenizer.json as published, and the template Ivy tokenizes by (JSON)."""
+        return self.model_dir.tokenizer_json(), json.dumps(self.model_dir.template())

@@ -1,0 +1,55 @@
+"""Qwen3 on the CPU in-process: both kinds (causal Qwen3-Embedding, bidirectional pplx-embed) in a
+small shape against Hugging Face transformers in float32, and its torch kernels against
+transformers' own (tests/e2e/test_qwen3_server.py serves it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rose
+from rose.ops import kernels
+from support import QWEN3_SEQUENCES as SEQUENCES
+from support import cosines, save_qwen3, transformers_pooled
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("prefix, top_level_rope", [("", False), ("model.", True)], ids=["plain", "prefixed"])
+def test_in_process_matches_transformers(tmp_path: Path, bidirectional: bool, prefix: str, top_level_rope: bool):
+    ours_dir = save_qwen3(tmp_path / "ours", "tiny", bidirectional, prefix, top_level_rope)
+    hf_dir = save_qwen3(tmp_path / "hf", "tiny", bidirectional)
+    engine = rose.Engine(ours_dir, device="cpu")
+    assert engine.pooling == ("mean" if bidirectional else "last")
+    assert engine.model.attention_spec.causal is not bidirectional
+    ours = engine.embed_ids(SEQUENCES)
+    expected = transformers_pooled(hf_dir, SEQUENCES).numpy()
+    assert cosines(ours, expected).min() >= 0.9999
+    np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_the_two_kinds_differ(tmp_path: Path) -> None:
+    causal = rose.Engine(save_qwen3(tmp_path / "c", "tiny", False), device="cpu", pooling="mean")
+    bidirectional = rose.Engine(save_qwen3(tmp_path / "b", "tiny", True), device="cpu")
+    assert cosines(causal.embed_ids(SEQUENCES[:1]), bidirectional.embed_ids(SEQUENCES[:1])).max() < 0.999
+
+
+def test_torch_kernels_follow_transformers() -> None:
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    x = torch.randn(7, 3, 16)
+    norm = Qwen3RMSNorm(16, eps=1e-6)
+    norm.weight.data.uniform_(0.5, 1.5)
+    torch.testing.assert_close(kernels.rmsnorm(x, norm.weight.data, 1e-6), norm(x))
+    q, k = torch.randn(7, 4, 16), torch.randn(7, 2, 16)
+    positions = torch.tensor([0, 1, 2, 0, 1, 0, 5], dtype=torch.int32)
+    cache = kernels.rope_cache(16, 64, 1e6, torch.device("cpu"))
+    cos, sin = cache[positions.long()].chunk(2, -1)
+    cos, sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
+    eq, ek = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    kernels.apply_rope(q, k, positions, cache)
+    torch.testing.assert_close(q, eq[0].transpose(0, 1))
+    torch.testing.assert_close(k, ek[0].transpose(0, 1))
