@@ -19,6 +19,7 @@ from sentence_transformers import SentenceTransformer
 
 import rose
 from corpus import documents
+from inprocess import encode, tokenizer
 
 
 def main() -> None:
@@ -34,12 +35,12 @@ def main() -> None:
 
     engines = {"rose float32": rose.Engine(device="cpu"), "rose mixed": rose.Engine(device="cpu", dtype="mixed")}
     st = SentenceTransformer(str(rose.default_model_path()), device="cpu")
-    tokenizer = engines["rose float32"].tokenizer
-    count = lambda text: len(tokenizer.encode(text).ids)  # noqa: E731
+    tok = tokenizer(engines["rose float32"])
+    count = lambda text: len(tok.encode(text).ids)  # noqa: E731
     texts = documents(args.docs, args.min_tokens, args.max_tokens, count)
     tokens = sum(count(t) for t in texts)
 
-    runs = {name: (lambda e=e: e.encode(texts, max_batch_tokens=args.max_batch_tokens)) for name, e in engines.items()}
+    runs = {name: (lambda e=e: encode(e, texts, args.max_batch_tokens)) for name, e in engines.items()}
     runs["sentence-transformers"] = lambda: st.encode(texts)
     vectors = {name: run() for name, run in runs.items()}  # also the warm-up
     times: dict[str, list[float]] = {name: [] for name in runs}

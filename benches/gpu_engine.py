@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 
 import rose
+from inprocess import embed_packed
 from timing import best_of
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from models import QWEN3_SHAPES, save_qwen3  # noqa: E402
+from support import QWEN3_SHAPES, save_qwen3  # noqa: E402
 
 PEAK_TFLOPS = 764.0  # bf16 8192^3 matmul measured on this H200 (../shared/gpu/README.md)
 
@@ -75,9 +76,7 @@ def rose_times(
     out = []
     for backend in backends:
         engine.use_attention(backend)
-        out.append(
-            (engine.attention.name, best_of(lambda: engine.embed_ids(sequences, max_batch_tokens=max_batch_tokens), 3))
-        )
+        out.append((engine.attention.name, best_of(lambda: embed_packed(engine, sequences, max_batch_tokens), 3)))
     return out
 
 

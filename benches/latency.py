@@ -161,7 +161,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     folder = None
     if args.qwen3:
-        from models import save_qwen3
+        from support import save_qwen3
 
         folder = save_qwen3(work / f"qwen3-{args.qwen3}", args.qwen3, bidirectional=False)
     model = f"Qwen3 {args.qwen3} shape (random weights)" if folder else "all-MiniLM-L6-v2"

@@ -39,6 +39,7 @@ import rose
 import tulip
 from corpus import documents, queries
 from cpu_threads import cores_busy, describe, thread_cpu
+from inprocess import embed_packed, tokenizer
 from timing import best_of
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
@@ -177,19 +178,19 @@ class RoseInProcess:
     def __init__(self, folder: Path | None, device: str, docs: list[str], rounds: int) -> None:
         self.engine = rose.Engine(folder, device=device)
         # As arrays: packing them into a step costs the host next to nothing, as Tulip's does.
-        ids = [np.array(e.ids, dtype=np.int32) for e in self.engine.tokenizer.encode_batch(docs)]
+        ids = [np.array(e.ids, dtype=np.int32) for e in tokenizer(self.engine).encode_batch(docs)]
         self.tokens = sum(len(i) for i in ids) * rounds
         self.ids = ids * rounds
         # Lazy CUDA graphs run a bucket's first hit eagerly and capture on the second.
         for _ in range(2 if self.engine.device.type == "cuda" else 1):
-            self.engine.embed_ids(ids)
+            embed_packed(self.engine, ids)
 
     def run(self) -> dict:
         """One run over the documents, `rounds` times in one call: its rate, and the GPU's idle share
         between its steps (None on the CPU)."""
         self.engine.stats()
         start = time.perf_counter()
-        self.engine.embed_ids(self.ids)
+        embed_packed(self.engine, self.ids)
         seconds = time.perf_counter() - start
         idle = self.engine.stats().get("gpu_idle_fraction")  # absent on the CPU
         return {"seconds": seconds, "tokens_s": self.tokens / seconds, "gpu_idle": idle}
@@ -275,7 +276,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     folder = args.model
     if args.qwen3:
-        from models import save_qwen3
+        from support import save_qwen3
 
         folder = save_qwen3(work / f"qwen3-{args.qwen3}", args.qwen3, bidirectional=False)
 

@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = None
     if args.qwen3:
-        from models import save_qwen3
+        from support import save_qwen3
 
         folder = save_qwen3(Path(tempfile.mkdtemp()) / "qwen3", args.qwen3, bidirectional=False)
     engine = rose.Engine(folder, device="cuda")

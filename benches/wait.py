@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 import rose
-from rose import lazy
-from rose.lazy import LazyTensor
+from rose.serving import lazy
+from rose.serving.lazy import LazyTensor
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
@@ -83,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = None
     if args.qwen3:
-        from models import save_qwen3
+        from support import save_qwen3
 
         folder = save_qwen3(Path(tempfile.mkdtemp()) / "qwen3", args.qwen3, bidirectional=False)
     engine = rose.Engine(folder, device="cuda")

@@ -2,8 +2,8 @@
 //!
 //! Each worker owns a clone of the tokenizer and takes one input at a time from a shared channel;
 //! async callers await a oneshot answer. Short requests (a search query) are tokenized on the
-//! caller's thread instead: handing one to a worker and back costs two thread wake-ups, about
-//! 0.15 ms on the H200, many times the 10-30 us of tokenizing it.
+//! caller's thread instead: handing one to a worker and back costs two thread wake-ups, many times
+//! what tokenizing it costs.
 
 use std::sync::{Arc, Mutex};
 use std::thread;
