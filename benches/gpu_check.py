@@ -83,9 +83,12 @@ def http_query_p50(url: str, iterations: int) -> float:
     return statistics.median(times[iterations // 10 :]) * 1000
 
 
-def worst_fidelity(url: str) -> float:
-    """The worst cosine of every tier checked so far (start-up's, and the deferred short and long ones)."""
-    report = requests.get(f"{url}/info", timeout=30).json()["engine"]["fidelity"] or {}
+def worst_fidelity(url: str) -> float | None:
+    """The worst cosine of every tier checked so far (start-up's, and the deferred short and long
+    ones); None where the engine checks nothing (float32 on the CPU)."""
+    report = requests.get(f"{url}/info", timeout=30).json()["engine"]["fidelity"]
+    if not report:
+        return None
     tiers = [report] + [report[k] for k in ("short_batches", "long_batches") if k in report]
     return min(t["worst_cosine"] for t in tiers)
 
@@ -142,7 +145,7 @@ def main() -> None:
         "query_p50_ms_engine": round(engine_p50, 3),
         "query_p50_ms_http": round(http_p50, 3),
         "first_answer_s": round(first_answer, 2),
-        "worst_fidelity_cosine": round(fidelity, 6),
+        "worst_fidelity_cosine": None if fidelity is None else round(fidelity, 6),
     }
     print(json.dumps(figures))
 
