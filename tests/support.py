@@ -238,3 +238,121 @@ def transformers_pooled(folder: Path, sequences: list[list[int]], device: str = 
             else:
                 rows.append(states.mean(0))
     return torch.stack(rows).float().cpu()
+
+
+# Score models: cross-encoders and a causal reranker, random weights saved as published.
+
+
+def save_cross_encoder(folder: Path, family: str = "bert") -> Path:
+    """A random 2-layer sequence classifier with one label: BertForSequenceClassification (the
+    ms-marco-MiniLM kind, all-MiniLM-L6-v2's tokenizer) or XLMRobertaForSequenceClassification
+    (the bge-reranker kind, the same vocabulary behind RoBERTa's pair template: <s> a </s></s> b </s>)."""
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        XLMRobertaConfig,
+        XLMRobertaForSequenceClassification,
+    )
+
+    torch.manual_seed(3)
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=1)
+    if family == "bert":
+        model = BertForSequenceClassification(BertConfig(**sizes))
+    else:
+        config = XLMRobertaConfig(**sizes, vocab_size=30522, max_position_embeddings=514, type_vocab_size=1)
+        model = XLMRobertaForSequenceClassification(config)
+    with torch.no_grad():  # random init leaves the norms at one: vary them so that a misplaced one shows
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.uniform_(0.5, 1.5)
+            if name.startswith("classifier") and name.endswith("weight"):
+                p.mul_(40)  # scores spread over (0, 1) rather than all near 0.5, so that the order says something
+    folder.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(folder)
+    minilm = rose.default_model_path()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        (folder / name).write_bytes((minilm / name).read_bytes())
+    if family != "bert":
+        tokenizer = json.loads((folder / "tokenizer.json").read_text())
+        tokenizer["post_processor"] = {"type": "RobertaProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101],
+                                       "trim_offsets": True, "add_prefix_space": False}  # fmt: skip
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+        (folder / "tokenizer_config.json").unlink()
+    return folder
+
+
+def save_qwen3_reranker(folder: Path) -> Path:
+    """A random Qwen3ForCausalLM in the tiny shape, published as Qwen3-Reranker is (a causal LM
+    with its LM head; served with --task score), all-MiniLM-L6-v2's tokenizer ("yes" and "no" in it)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(4)
+    config = Qwen3Config(**QWEN3_SHAPES["tiny"], tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})  # fmt: skip
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+        model.lm_head.weight.mul_(20)  # yes-minus-no logits that spread the scores
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    (folder / "tokenizer.json").write_bytes((rose.default_model_path() / "tokenizer.json").read_bytes())
+    return folder
+
+
+def pair_ids(folder: Path, query: str, document: str, max_length: int = 512) -> tuple[list[int], list[int]]:
+    """A cross-encoder's pair as its tokenizer.json encodes it (the `tokenizers` package), the
+    document shortened to fit `max_length`: ids, types."""
+    tokenizer = plain_tokenizer(folder)
+    tokenizer.enable_truncation(max_length, strategy="only_second")
+    encoding = tokenizer.encode(query, document)
+    return encoding.ids, encoding.type_ids
+
+
+def plain_tokenizer(folder: Path) -> object:
+    """The folder's tokenizer.json without the padding and truncation it was published with."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def classifier_logits(folder: Path, pairs: list[tuple[list[int], list[int]]]) -> np.ndarray:
+    """transformers' AutoModelForSequenceClassification in float32 on each pair's ids and types."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        rows = [
+            model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0] for ids, types in pairs
+        ]
+    return torch.stack(rows).numpy()
+
+
+def qwen3_reranker_scores(folder: Path, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
+    """Qwen3-Reranker's published scoring, on transformers' Qwen3ForCausalLM in float32: each pair
+    rendered into its prompt, the content truncated to fit, sigmoid(logit_yes - logit_no) at the
+    last token."""
+    from transformers import Qwen3ForCausalLM
+
+    from rose.serving.task import QWEN3_RERANKER_TEMPLATE as t
+
+    tokenizer = plain_tokenizer(folder)
+    plain = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    prefix, suffix = plain(t["prefix"]), plain(t["suffix"])
+    limit = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
+    yes, no = tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")
+    model = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    scores = []
+    for document in documents:
+        content = t["content"].format(
+            instruction=instruction or t["default_instruction"], query=query, document=document
+        )
+        ids = prefix + plain(content)[: limit - len(prefix) - len(suffix)] + suffix
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        scores.append(torch.sigmoid(logits[yes] - logits[no]).item())
+    return np.array(scores)

@@ -28,14 +28,19 @@ class RaggedBatch:
     max_seqlen: int  # no sequence is longer
     # [1] int32 on the device: the tokens before the padding, when the batch is padded for a graph
     token_count: torch.Tensor | None = None
+    # [tokens] int32 on the device: each token's type (segment) id; None: all 0
+    token_type_ids: torch.Tensor | None = None
 
     @classmethod
-    def from_host(cls, input_ids: Any, cu_seqlens: Any, device: torch.device) -> RaggedBatch:
+    def from_host(
+        cls, input_ids: Any, cu_seqlens: Any, device: torch.device, token_type_ids: Any = None
+    ) -> RaggedBatch:
         """A batch from host arrays, copied to `device` (the simple path: CPU, tests)."""
         ids = torch.from_numpy(as_int32(input_ids).copy())
         cu = torch.from_numpy(as_int32(cu_seqlens).copy())
         longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
-        return cls(ids.to(device), cu.to(device), cu, longest)
+        types = None if token_type_ids is None else torch.from_numpy(as_int32(token_type_ids).copy()).to(device)
+        return cls(ids.to(device), cu.to(device), cu, longest, token_type_ids=types)
 
     # Positions and sequence ids are derived on the device, on first use inside the forward pass,
     # so that only ids and offsets travel and a CUDA graph captures the derivation.

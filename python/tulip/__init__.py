@@ -56,6 +56,34 @@ class Client:
         dtype = {"float32": np.float32, "int8": np.int8, "binary": np.uint8}[encoding]
         return np.frombuffer(data, dtype=dtype).reshape(rows, -1)
 
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        *,
+        instruction: str | None = None,
+        truncate: bool = True,
+        raw_scores: bool = False,
+    ) -> list[tuple[int, float]]:
+        """The documents ranked against `query`, best first: (index, score) for the first
+        `top_n` (all by default). A score model (cross-encoder, Qwen3-Reranker) scores each pair,
+        the sigmoid of its logit unless `raw_scores`; an embedding model answers cosines."""
+        scores = self._native.rerank_scores(
+            query, list(documents), instruction=instruction, truncate=truncate, raw_scores=raw_scores
+        )
+        ranked = sorted(enumerate(scores), key=lambda item: -item[1])
+        return ranked[:top_n] if top_n is not None else ranked
+
+    def score(
+        self, pairs: Sequence[tuple[str, str]], *, truncate: bool = True, raw_scores: bool = False
+    ) -> np.ndarray:
+        """A score model's scores of (text, text) pairs: float32 [len(pairs)] for one label,
+        [len(pairs), labels] for several (probabilities unless `raw_scores`)."""
+        flat, labels = self._native.predict([(a, b) for a, b in pairs], truncate=truncate, raw_scores=raw_scores)
+        scores = np.asarray(flat, dtype=np.float32).reshape(len(pairs), labels)
+        return scores[:, 0] if labels == 1 else scores
+
     def info(self) -> dict[str, Any]:
         """The served model (protos/tulip.proto's ModelInfo): id, type, dtype, device, attention
         backend, pooling, dimensions, limits."""

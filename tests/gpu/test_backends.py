@@ -61,7 +61,7 @@ def test_a_server_checks_and_serves_queries_first_and_long_batches_after_the_def
     # Start-up checks the single queries' path (the CUDA decoder): 1, 3, 8 and 16 tokens.
     assert served.fidelity["sequences"] == 4 and served.fidelity["tiers"] == ["single"]
     assert served.stats()["short_batches_pending"] and served.stats()["long_batches_pending"]
-    served._deferred.result(timeout=300)
+    served.startup._imports.result(timeout=300)
     served.embed_ids([[5] * 16])  # an online query waits for neither of the later checks
     assert served.stats()["short_batches_pending"] and served.attention.name == "auto(torch,triton)"
     served.embed_ids([[5] * 40])  # a short batch waits for its path's check (1+3+8+16+17 tokens), not the long one's
@@ -79,7 +79,7 @@ def test_a_server_checks_and_serves_queries_first_and_long_batches_after_the_def
 def test_a_long_warmup_bucket_imports_and_checks_everything_at_start(qwen3: tuple) -> None:
     engine, sequences, expected = qwen3
     served = rose.Engine(engine.model_dir.path, device="cuda", defer_attention=True, warmup=["512x8"])
-    assert served.attention.name == "auto(fa2,fa3,triton)" and served._deferred is None
+    assert served.attention.name == "auto(fa2,fa3,triton)" and served.startup._imports is None
     assert served.fidelity["sequences"] == 14 and not served.stats()["long_batches_pending"]
     assert cosines(served.embed_ids(sequences), expected).min() >= THRESHOLD
 

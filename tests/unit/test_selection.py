@@ -86,7 +86,7 @@ class Paths:
     def path(self) -> str:
         return f"path {self.fallbacks}"
 
-    def embed_ids(self, sequences: list[list[int]]) -> np.ndarray:
+    def pooled_states(self, sequences: list[list[int]]) -> np.ndarray:
         rows = [fidelity.LENGTHS.index(len(s)) for s in sequences]
         return self.vectors[rows] * (1 if self.fallbacks >= self.good_after else -1)
 

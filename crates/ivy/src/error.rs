@@ -28,6 +28,9 @@ pub enum IvyError {
     /// More requests in flight than `--max-concurrent-requests`.
     #[error("the server is handling as many requests as it allows; try again")]
     Overloaded,
+    /// The served model does not do what the route asks (its task is the other one).
+    #[error("{0}")]
+    Unsupported(String),
     /// Tulip cannot be reached or its engine stopped.
     #[error("{0}")]
     Unavailable(String),
@@ -47,6 +50,7 @@ impl IvyError {
             }
             IvyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             IvyError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
+            IvyError::Unsupported(_) => (StatusCode::BAD_REQUEST, "unsupported"),
             IvyError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
             IvyError::Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine"),
         }
@@ -71,7 +75,8 @@ impl From<TulipError> for IvyError {
         let code = err.code();
         let message = err.to_string();
         match code {
-            Code::InvalidArgument | Code::FailedPrecondition => IvyError::Validation(message),
+            Code::InvalidArgument => IvyError::Validation(message),
+            Code::FailedPrecondition => IvyError::Unsupported(message),
             Code::ResourceExhausted => IvyError::Overloaded,
             Code::Unavailable => IvyError::Unavailable(message),
             _ => IvyError::Engine(message),

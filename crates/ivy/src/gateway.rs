@@ -14,7 +14,7 @@ use tulip::TulipClient;
 use crate::config::IvyArgs;
 use crate::error::IvyError;
 use crate::replicas::ReplicaSet;
-use crate::template::Template;
+use crate::template::{PairTemplate, Template};
 use crate::tokenization::TokenizerPool;
 
 /// Everything a request handler needs; cloning it is cheap.
@@ -28,6 +28,8 @@ struct Inner {
     replicas: ReplicaSet,
     tokenizer: TokenizerPool,
     template: Template,
+    /// A causal reranker's prompt prefix and suffix as token ids, tokenized once.
+    affixes: (Arc<[u32]>, Arc<[u32]>),
     model: ModelInfo,
     limiter: Arc<Semaphore>,
     metrics: PrometheusHandle,
@@ -89,6 +91,13 @@ impl Gateway {
             .tokenization_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let tokenizer = TokenizerPool::new(tokenizer, workers, template.max_input_length);
+        let affixes = match &template.score {
+            Some(PairTemplate::Rendered { prefix, suffix, .. }) => (
+                tokenizer.plain_ids(prefix)?.into(),
+                tokenizer.plain_ids(suffix)?.into(),
+            ),
+            _ => (Arc::from([]), Arc::from([])),
+        };
         let limiter = Arc::new(Semaphore::new(args.max_concurrent_requests));
         Ok(Gateway {
             inner: Arc::new(Inner {
@@ -96,6 +105,7 @@ impl Gateway {
                 replicas,
                 tokenizer,
                 template,
+                affixes,
                 model,
                 limiter,
                 metrics,
@@ -129,6 +139,16 @@ impl Gateway {
         self.inner
             .template
             .prompt(name, self.inner.args.default_prompt_name.as_deref())
+    }
+
+    /// A score model's pair template.
+    pub fn pair_template(&self) -> Option<&PairTemplate> {
+        self.inner.template.score.as_ref()
+    }
+
+    /// A rendered pair prompt's prefix and suffix as token ids (empty for other templates).
+    pub fn affixes(&self) -> &(Arc<[u32]>, Arc<[u32]>) {
+        &self.inner.affixes
     }
 
     /// A slot under `--max-concurrent-requests`, held for the request's life.

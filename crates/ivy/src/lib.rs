@@ -1,7 +1,8 @@
 //! Ivy, the HTTP gateway: JSON parsing, templating, tokenization on a worker pool, and fan-out of
 //! large client batches in chunks to Tulip replicas over gRPC.
 //!
-//! `gateway` holds the shared state, `request` the one path every embedding route takes,
+//! `gateway` holds the shared state, `request` the one path every embedding route takes, `score`
+//! the one path of the rerank, predict and similarity routes,
 //! `routes` one file per API family, `http` the server around them, `replicas` the fan-out.
 
 pub mod config;
@@ -13,6 +14,7 @@ pub mod metrics;
 pub mod replicas;
 pub mod request;
 pub mod routes;
+pub mod score;
 pub mod template;
 pub mod tokenization;
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::future::try_join_all;
 use tulip::packing::split;
 use tulip::proto::{
-    EmbedRequest, EmbedResponse, Encoding, InfoResponse, ModelInfo, TokenizerResponse,
+    EmbedRequest, Encoding, InfoResponse, ModelInfo, ScoreRequest, TokenizerResponse,
 };
 use tulip::{Budget, TulipClient};
 
@@ -128,65 +128,148 @@ impl ReplicaSet {
             .all(|h| matches!(h, Ok(true)))
     }
 
-    /// Embeds `sequences`: split into chunks (the rule Tulip packs its steps by), sent to
-    /// replicas in parallel, put back in order.
+    /// Embeds `sequences` (`types`: their token type ids, or empty): split into chunks (the
+    /// rule Tulip packs its steps by), sent to replicas in parallel, put back in order.
     pub async fn embed(
         &self,
         sequences: &[Vec<u32>],
+        types: &[Vec<u32>],
         shape: VectorShape,
     ) -> Result<(Vectors, ChunkTimes), IvyError> {
-        let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
-        let calls = split(&lengths, self.chunk).into_iter().map(|range| {
-            let chunk = &sequences[range];
-            self.send(EmbedRequest {
-                token_ids: chunk.concat(),
-                lengths: chunk.iter().map(|s| s.len() as u32).collect(),
-                normalize: shape.normalize,
-                dimensions: shape.dimensions,
-                encoding: shape.encoding.into(),
-            })
-        });
-        let answers = try_join_all(calls).await?;
-        let times = answers
-            .iter()
-            .max_by_key(|(_, rpc)| *rpc)
-            .map(|(a, rpc)| {
-                let queue = Duration::from_micros(a.queue_us);
-                let inference = Duration::from_micros(a.inference_us);
-                ChunkTimes {
-                    queue,
-                    inference,
-                    transfer: rpc.saturating_sub(queue + inference),
-                }
-            })
-            .unwrap_or_default();
-        let mut data = Vec::with_capacity(answers.iter().map(|(a, _)| a.data.len()).sum());
+        let answers = self
+            .fan_out(
+                sequences,
+                types,
+                |client, token_ids, lengths, token_type_ids| async move {
+                    let request = EmbedRequest {
+                        token_ids,
+                        lengths,
+                        token_type_ids,
+                        normalize: shape.normalize,
+                        dimensions: shape.dimensions,
+                        encoding: shape.encoding.into(),
+                    };
+                    let answer = client.embed(request).await?;
+                    let times = (answer.queue_us, answer.inference_us);
+                    Ok((answer, times))
+                },
+            )
+            .await?;
+        let times = slowest(answers.iter().map(|(a, t)| (a.1, *t)));
+        let mut data = Vec::with_capacity(answers.iter().map(|((a, _), _)| a.data.len()).sum());
         answers
             .iter()
-            .for_each(|(a, _)| data.extend_from_slice(&a.data));
+            .for_each(|((a, _), _)| data.extend_from_slice(&a.data));
         let vectors = Vectors {
             count: sequences.len(),
-            dimensions: answers.first().map_or(0, |(a, _)| a.dimensions as usize),
+            dimensions: answers
+                .first()
+                .map_or(0, |((a, _), _)| a.dimensions as usize),
             encoding: shape.encoding,
             data,
         };
         Ok((vectors, times))
     }
 
-    async fn send(&self, request: EmbedRequest) -> Result<(EmbedResponse, Duration), IvyError> {
-        let tokens = request.token_ids.len();
+    /// Scores `sequences` (a score model's): one row of `labels` values a sequence, in order.
+    pub async fn score(
+        &self,
+        sequences: &[Vec<u32>],
+        types: &[Vec<u32>],
+        raw_scores: bool,
+    ) -> Result<(Vec<f32>, usize, ChunkTimes), IvyError> {
+        let answers = self
+            .fan_out(
+                sequences,
+                types,
+                |client, token_ids, lengths, token_type_ids| async move {
+                    let request = ScoreRequest {
+                        token_ids,
+                        lengths,
+                        token_type_ids,
+                        raw_scores,
+                    };
+                    let answer = client.score(request).await?;
+                    let times = (answer.queue_us, answer.inference_us);
+                    Ok((answer, times))
+                },
+            )
+            .await?;
+        let times = slowest(answers.iter().map(|(a, t)| (a.1, *t)));
+        let labels = answers.first().map_or(1, |((a, _), _)| a.labels as usize);
+        let scores = answers
+            .into_iter()
+            .flat_map(|((a, _), _)| a.scores)
+            .collect();
+        Ok((scores, labels, times))
+    }
+
+    /// Cuts the sequences into chunks, sends each to the least loaded replica through `call`
+    /// (client, token ids, lengths, token type ids), and returns the answers in order with
+    /// each one's round trip.
+    async fn fan_out<T, F, Fut>(
+        &self,
+        sequences: &[Vec<u32>],
+        types: &[Vec<u32>],
+        call: F,
+    ) -> Result<Vec<(T, Duration)>, IvyError>
+    where
+        F: Fn(TulipClient, Vec<u32>, Vec<u32>, Vec<u32>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, IvyError>>,
+    {
+        let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
+        let calls = split(&lengths, self.chunk).into_iter().map(|range| {
+            let chunk = &sequences[range.clone()];
+            let token_type_ids = if types.is_empty() {
+                Vec::new()
+            } else {
+                types[range].concat()
+            };
+            let tokens = chunk.iter().map(Vec::len).sum::<usize>();
+            let replica = self.least_loaded();
+            replica.in_flight.fetch_add(tokens, Ordering::Relaxed);
+            let lengths = chunk.iter().map(|s| s.len() as u32).collect();
+            let sent = call(
+                replica.client.clone(),
+                chunk.concat(),
+                lengths,
+                token_type_ids,
+            );
+            async move {
+                // Decrement even when the caller goes away mid-call.
+                let _release = Release(&replica.in_flight, tokens);
+                let start = Instant::now();
+                let answer = sent.await?;
+                Ok((answer, start.elapsed()))
+            }
+        });
+        try_join_all(calls).await
+    }
+
+    fn least_loaded(&self) -> &Replica {
         let loads = self
             .replicas
             .iter()
             .map(|r| r.in_flight.load(Ordering::Relaxed));
-        let replica = &self.replicas[least_loaded(loads)];
-        replica.in_flight.fetch_add(tokens, Ordering::Relaxed);
-        // Decrement even when the caller goes away mid-call.
-        let _release = Release(&replica.in_flight, tokens);
-        let start = Instant::now();
-        let answer = replica.client.embed(request).await?;
-        Ok((answer, start.elapsed()))
+        &self.replicas[least_loaded(loads)]
     }
+}
+
+/// The times of the chunk whose round trip was the longest: (its (queue, inference) in
+/// microseconds as Tulip reported them, its round trip).
+fn slowest(chunks: impl Iterator<Item = ((u64, u64), Duration)>) -> ChunkTimes {
+    chunks
+        .max_by_key(|(_, rpc)| *rpc)
+        .map(|((queue_us, inference_us), rpc)| {
+            let queue = Duration::from_micros(queue_us);
+            let inference = Duration::from_micros(inference_us);
+            ChunkTimes {
+                queue,
+                inference,
+                transfer: rpc.saturating_sub(queue + inference),
+            }
+        })
+        .unwrap_or_default()
 }
 
 /// Index of the replica with the least work in flight; the first one on ties (pure logic).

@@ -50,6 +50,7 @@ impl Gateway {
     pub async fn embed(&self, route: &'static str, call: EmbedCall) -> Result<Embedded, IvyError> {
         let start = Instant::now();
         let _permit = self.admit()?;
+        self.require_task("embed")?;
         self.check_batch_size(call.inputs.len())?;
         let dimensions = self.check_dimensions(call.dimensions)?;
         let prompt: Arc<str> = self.prompt(call.prompt_name.as_deref())?.into();
@@ -80,7 +81,7 @@ impl Gateway {
             dimensions,
             encoding: call.encoding,
         };
-        let (vectors, chunk) = self.replicas().embed(&sequences, shape).await?;
+        let (vectors, chunk) = self.replicas().embed(&sequences, &[], shape).await?;
         let embedded = Embedded {
             vectors,
             tokens,
@@ -143,6 +144,29 @@ impl Gateway {
             }
         }
         Ok(ids)
+    }
+
+    /// Refuses a request of the other task, naming the model's: an embedding route asked of a
+    /// score model (a reranker), or a score route of an embedding model.
+    pub(crate) fn require_task(&self, task: &str) -> Result<(), IvyError> {
+        let model = self.model();
+        if model.task == task {
+            return Ok(());
+        }
+        let (kind, routes) = match model.task.as_str() {
+            "score" => (
+                "a score model (a reranker or classifier)",
+                "/rerank, /v1/rerank, /v2/rerank or /predict",
+            ),
+            _ => (
+                "an embedding model",
+                "/v1/embeddings, /embed, /rerank or /similarity",
+            ),
+        };
+        Err(IvyError::Unsupported(format!(
+            "{} is {kind}: it answers {routes}",
+            model.model_id
+        )))
     }
 
     /// Rejects a request with no inputs, or more than `--max-client-batch-size`.

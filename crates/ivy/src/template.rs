@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use crate::error::IvyError;
 
-/// The model's tokenization settings (ROSE's `ModelDir.template()`).
+/// The model's tokenization settings (ROSE's `Engine.tokenization()`).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Template {
     pub max_input_length: usize,
@@ -14,6 +14,25 @@ pub struct Template {
     pub prompts: HashMap<String, String>,
     #[serde(default)]
     pub default_prompt_name: Option<String>,
+    /// A score model's pairs: how a query and a document become one sequence.
+    #[serde(default)]
+    pub score: Option<PairTemplate>,
+}
+
+/// How a score model takes a (query, document) pair.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum PairTemplate {
+    /// Rendered into one text between a fixed prefix and suffix (a causal reranker's prompt):
+    /// `content` names `{instruction}`, `{query}` and `{document}`.
+    Rendered {
+        prefix: String,
+        content: String,
+        suffix: String,
+        default_instruction: String,
+    },
+    /// The tokenizer's own pair template (`[CLS] q [SEP] d [SEP]`, with token types).
+    Tokenizer { pair: String },
 }
 
 impl Template {
@@ -58,6 +77,24 @@ mod tests {
         assert_eq!(t.prompt(None, Some("query")).unwrap(), "q: ");
         assert_eq!(t.prompt(None, None).unwrap(), "");
         assert_eq!(Template::default().prompt(None, None).unwrap(), "");
+    }
+
+    #[test]
+    fn reads_both_kinds_of_pair_template() {
+        let plain =
+            Template::from_json(r#"{"max_input_length": 8, "score": {"pair": "tokenizer"}}"#);
+        assert_eq!(
+            plain.unwrap().score,
+            Some(PairTemplate::Tokenizer {
+                pair: "tokenizer".into()
+            })
+        );
+        let json = r#"{"max_input_length": 8, "score": {"prefix": "p", "content": "{query}|{document}", "suffix": "s", "default_instruction": "i"}}"#;
+        assert!(matches!(
+            Template::from_json(json).unwrap().score,
+            Some(PairTemplate::Rendered { .. })
+        ));
+        assert_eq!(template().score, None);
     }
 
     #[test]

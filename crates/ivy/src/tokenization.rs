@@ -30,6 +30,36 @@ pub struct EncodeOptions {
     pub inline: bool,
 }
 
+/// How to tokenize the (query, document) pairs of one request for a score model.
+#[derive(Debug, Clone)]
+pub struct PairOptions {
+    pub query: Arc<str>,
+    /// Shorten a document (never the query) to fit the model's limit instead of rejecting it.
+    pub truncate: bool,
+    /// A document's own limit in tokens before it is paired (Cohere's `max_tokens_per_doc`).
+    pub max_doc_tokens: Option<usize>,
+    /// A causal reranker's prompt; None: the tokenizer's own pair template.
+    pub rendered: Option<Rendered>,
+    /// Tokenize on the caller's thread (see [`EncodeOptions::inline`]).
+    pub inline: bool,
+}
+
+/// A causal reranker's prompt for one request: `content` holds `{query}` and `{document}` (the
+/// instruction already in), between the prefix's and the suffix's token ids.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub prefix: Arc<[u32]>,
+    pub content: String,
+    pub suffix: Arc<[u32]>,
+}
+
+/// A pair's sequence: its token ids, and its token type ids where the template sets them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    pub ids: Vec<u32>,
+    pub types: Option<Vec<u32>>,
+}
+
 /// One token as `/tokenize` reports it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Token {
@@ -52,6 +82,12 @@ enum Job {
         text: String,
         options: Arc<EncodeOptions>,
         reply: oneshot::Sender<Result<Vec<Token>, IvyError>>,
+    },
+    EncodePair {
+        index: usize,
+        document: String,
+        options: Arc<PairOptions>,
+        reply: oneshot::Sender<Result<Encoded, IvyError>>,
     },
 }
 
@@ -134,6 +170,39 @@ impl TokenizerPool {
         answer.await.map_err(|_| stopped())?
     }
 
+    /// The sequence of the pair (`options.query`, `document`); `index` names the document in
+    /// error messages.
+    pub async fn encode_pair(
+        &self,
+        index: usize,
+        document: String,
+        options: Arc<PairOptions>,
+    ) -> Result<Encoded, IvyError> {
+        if options.inline {
+            return self.inline(|worker| worker.encode_pair(index, &document, &options));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::EncodePair {
+            index,
+            document,
+            options,
+            reply,
+        })?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Token ids of `text` as they are (no prompt, no special tokens, no truncation).
+    pub fn plain_ids(&self, text: &str) -> Result<Vec<u32>, IvyError> {
+        self.inline(|worker| {
+            let _ = worker.tokenizer.with_truncation(None);
+            worker
+                .tokenizer
+                .encode_fast(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| IvyError::Tokenizer(e.to_string()))
+        })
+    }
+
     /// Tokens of `options.prompt + text`, with their text and offsets.
     pub async fn tokenize(
         &self,
@@ -206,6 +275,14 @@ impl Worker {
             } => {
                 let _ = reply.send(self.tokenize(&text, &options));
             }
+            Job::EncodePair {
+                index,
+                document,
+                options,
+                reply,
+            } => {
+                let _ = reply.send(self.encode_pair(index, &document, &options));
+            }
         }
         self.busy_microseconds
             .increment(start.elapsed().as_micros() as u64);
@@ -218,7 +295,11 @@ impl Worker {
         options: &EncodeOptions,
     ) -> Result<Vec<u32>, IvyError> {
         let templated = format!("{}{text}", options.prompt);
-        self.truncate_to(options.direction)?;
+        self.truncate(
+            self.max_input_length,
+            TruncationStrategy::LongestFirst,
+            options.direction,
+        )?;
         let encoding = self
             .tokenizer
             .encode_fast(templated.as_str(), options.add_special_tokens)
@@ -232,6 +313,93 @@ impl Worker {
             )));
         }
         Ok(encoding.get_ids().to_vec())
+    }
+
+    fn encode_pair(
+        &mut self,
+        index: usize,
+        document: &str,
+        options: &PairOptions,
+    ) -> Result<Encoded, IvyError> {
+        let document = match options.max_doc_tokens {
+            Some(max) => self.cut(document, max)?,
+            None => document,
+        };
+        let limit = self.max_input_length;
+        let too_long = || {
+            IvyError::Validation(format!(
+                "document {index} with the query is longer than the model's limit of {limit} tokens; shorten it or set truncate to true"
+            ))
+        };
+        if let Some(rendered) = &options.rendered {
+            // The document ends the prompt's content, so truncating its end shortens the document.
+            let (before, after) = rendered
+                .content
+                .split_once("{document}")
+                .unwrap_or((&rendered.content, ""));
+            let text = format!(
+                "{}{document}{}",
+                before.replace("{query}", &options.query),
+                after.replace("{query}", &options.query)
+            );
+            let room = self
+                .max_input_length
+                .saturating_sub(rendered.prefix.len() + rendered.suffix.len());
+            self.truncate(
+                room,
+                TruncationStrategy::LongestFirst,
+                TruncationDirection::Right,
+            )?;
+            let encoding = self
+                .tokenizer
+                .encode_fast(text.as_str(), false)
+                .map_err(|e| {
+                    IvyError::Tokenizer(format!("document {index} could not be tokenized: {e}"))
+                })?;
+            if !options.truncate && !encoding.get_overflowing().is_empty() {
+                return Err(too_long());
+            }
+            let ids = [
+                &rendered.prefix[..],
+                encoding.get_ids(),
+                &rendered.suffix[..],
+            ]
+            .concat();
+            return Ok(Encoded { ids, types: None });
+        }
+        self.truncate(
+            self.max_input_length,
+            TruncationStrategy::OnlySecond,
+            TruncationDirection::Right,
+        )?;
+        let encoding = self
+            .tokenizer
+            .encode_fast((&*options.query, document), true)
+            .map_err(|e| {
+                IvyError::Validation(format!(
+                    "the query does not leave room for document {index} within the model's limit of {limit} tokens: {e}"
+                ))
+            })?;
+        if !options.truncate && !encoding.get_overflowing().is_empty() {
+            return Err(too_long());
+        }
+        Ok(Encoded {
+            ids: encoding.get_ids().to_vec(),
+            types: Some(encoding.get_type_ids().to_vec()),
+        })
+    }
+
+    /// `text` cut after its first `max` tokens (at the next token's first byte).
+    fn cut<'t>(&mut self, text: &'t str, max: usize) -> Result<&'t str, IvyError> {
+        let _ = self.tokenizer.with_truncation(None);
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| IvyError::Tokenizer(e.to_string()))?;
+        Ok(match encoding.get_offsets().get(max) {
+            Some(&(start, _)) => &text[..start],
+            None => text,
+        })
     }
 
     fn tokenize(&mut self, text: &str, options: &EncodeOptions) -> Result<Vec<Token>, IvyError> {
@@ -263,21 +431,23 @@ impl Worker {
             .collect())
     }
 
-    fn truncate_to(&mut self, direction: TruncationDirection) -> Result<(), IvyError> {
+    fn truncate(
+        &mut self,
+        max_length: usize,
+        strategy: TruncationStrategy,
+        direction: TruncationDirection,
+    ) -> Result<(), IvyError> {
         let params = TruncationParams {
             direction,
-            max_length: self.max_input_length,
-            strategy: TruncationStrategy::LongestFirst,
+            max_length,
+            strategy,
             stride: 0,
         };
         self.tokenizer
             .with_truncation(Some(params))
             .map(|_| ())
             .map_err(|e| {
-                IvyError::Tokenizer(format!(
-                    "cannot truncate to {} tokens: {e}",
-                    self.max_input_length
-                ))
+                IvyError::Tokenizer(format!("cannot truncate to {max_length} tokens: {e}"))
             })
     }
 }
@@ -298,7 +468,7 @@ mod tests {
                 "pre_tokenizer": {{"type": "Whitespace"}},
                 "post_processor": {{"type": "TemplateProcessing",
                     "single": [{{"SpecialToken": {{"id": "[CLS]", "type_id": 0}}}}, {{"Sequence": {{"id": "A", "type_id": 0}}}}, {{"SpecialToken": {{"id": "[SEP]", "type_id": 0}}}}],
-                    "pair": [{{"Sequence": {{"id": "A", "type_id": 0}}}}, {{"Sequence": {{"id": "B", "type_id": 1}}}}],
+                    "pair": [{{"SpecialToken": {{"id": "[CLS]", "type_id": 0}}}}, {{"Sequence": {{"id": "A", "type_id": 0}}}}, {{"SpecialToken": {{"id": "[SEP]", "type_id": 0}}}}, {{"Sequence": {{"id": "B", "type_id": 1}}}}, {{"SpecialToken": {{"id": "[SEP]", "type_id": 1}}}}],
                     "special_tokens": {special}}},
                 "model": {{"type": "WordLevel", "vocab": {vocab}, "unk_token": "[UNK]"}}}}"#
         );
@@ -417,6 +587,87 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn pair(query: &str, truncate: bool, max_doc_tokens: Option<usize>) -> Arc<PairOptions> {
+        Arc::new(PairOptions {
+            query: query.into(),
+            truncate,
+            max_doc_tokens,
+            rendered: None,
+            inline: false,
+        })
+    }
+
+    #[tokio::test]
+    async fn pairs_take_the_tokenizer_template_and_shorten_only_the_document() {
+        let pool = TokenizerPool::new(tokenizer(), 1, 8);
+        let full = pool
+            .encode_pair(0, "c d".into(), pair("a b", false, None))
+            .await
+            .unwrap();
+        assert_eq!(full.ids, [1, 4, 5, 2, 6, 7, 2]);
+        assert_eq!(full.types, Some(vec![0, 0, 0, 0, 1, 1, 1]));
+        let cut = pool
+            .encode_pair(0, "c d e e".into(), pair("a b", true, None))
+            .await
+            .unwrap();
+        assert_eq!(cut.ids, [1, 4, 5, 2, 6, 7, 8, 2]);
+        let err = pool
+            .encode_pair(2, "c d e e".into(), pair("a b", false, None))
+            .await
+            .unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("document 2 with the query is longer"));
+        let long_query = pool
+            .encode_pair(1, "c".into(), pair("a b c d e a b", true, None))
+            .await;
+        assert!(long_query
+            .unwrap_err()
+            .to_string()
+            .contains("the query does not leave room for document 1"));
+        let capped = pool
+            .encode_pair(0, "c d e".into(), pair("a", false, Some(1)))
+            .await
+            .unwrap();
+        assert_eq!(capped.ids, [1, 4, 2, 6, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_rendered_prompt_puts_the_pair_between_its_prefix_and_suffix() {
+        let pool = TokenizerPool::new(tokenizer(), 1, 7);
+        let rendered = Rendered {
+            prefix: vec![3].into(),
+            content: "e {query} {document}".into(),
+            suffix: vec![2].into(),
+        };
+        let options = |truncate| {
+            Arc::new(PairOptions {
+                rendered: Some(rendered.clone()),
+                ..(*pair("a", truncate, None)).clone()
+            })
+        };
+        let got = pool
+            .encode_pair(0, "b c".into(), options(false))
+            .await
+            .unwrap();
+        assert_eq!(
+            got,
+            Encoded {
+                ids: vec![3, 8, 4, 5, 6, 2],
+                types: None
+            }
+        );
+        let cut = pool
+            .encode_pair(0, "b c d e".into(), options(true))
+            .await
+            .unwrap();
+        assert_eq!(cut.ids, [3, 8, 4, 5, 6, 7, 2]);
+        assert!(pool
+            .encode_pair(0, "b c d e".into(), options(false))
+            .await
+            .is_err());
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ivy::input::Input;
 use ivy::request::EmbedCall;
+use ivy::score::RerankCall;
 use ivy::tokenization::TruncationDirection;
 use ivy::{Gateway, IvyArgs, IvyError};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
@@ -119,6 +120,52 @@ impl GatewayClient {
         Ok((PyBytes::new(py, &v.data), v.count, v.dimensions))
     }
 
+    /// One value a document against `query`, in the documents' order: a score model's
+    /// probability (or logit with `raw_scores`), an embedding model's cosine.
+    #[pyo3(signature = (query, documents, *, instruction = None, truncate = true, raw_scores = false, max_tokens_per_doc = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn rerank_scores(
+        &self,
+        py: Python<'_>,
+        query: String,
+        documents: Vec<String>,
+        instruction: Option<String>,
+        truncate: bool,
+        raw_scores: bool,
+        max_tokens_per_doc: Option<usize>,
+    ) -> PyResult<Vec<f32>> {
+        let call = RerankCall {
+            query,
+            documents,
+            instruction,
+            truncate: Some(truncate),
+            max_tokens_per_doc,
+            raw_scores,
+        };
+        let scored = py
+            .detach(|| self.runtime.block_on(self.gateway.rerank("python", call)))
+            .map_err(to_py)?;
+        Ok(scored.scores)
+    }
+
+    /// Scores of texts or (text, text) pairs, `labels` values each: (flat scores, labels).
+    #[pyo3(signature = (inputs, *, truncate = true, raw_scores = false))]
+    fn predict(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<(String, Option<String>)>,
+        truncate: bool,
+        raw_scores: bool,
+    ) -> PyResult<(Vec<f32>, usize)> {
+        let (scores, labels, _, _) = py
+            .detach(|| {
+                self.runtime
+                    .block_on(self.gateway.predict(inputs, Some(truncate), raw_scores))
+            })
+            .map_err(to_py)?;
+        Ok((scores, labels))
+    }
+
     /// What the server serves (protos/tulip.proto's ModelInfo), as JSON.
     fn info_json(&self) -> PyResult<String> {
         serde_json::to_string(self.gateway.model())
@@ -128,9 +175,10 @@ impl GatewayClient {
 
 fn to_py(err: IvyError) -> PyErr {
     match err {
-        IvyError::Validation(_) | IvyError::Tokenizer(_) | IvyError::TooLarge(_) => {
-            PyValueError::new_err(err.to_string())
-        }
+        IvyError::Validation(_)
+        | IvyError::Tokenizer(_)
+        | IvyError::TooLarge(_)
+        | IvyError::Unsupported(_) => PyValueError::new_err(err.to_string()),
         IvyError::Unavailable(_) => PyConnectionError::new_err(err.to_string()),
         _ => PyRuntimeError::new_err(err.to_string()),
     }

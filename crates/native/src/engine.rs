@@ -56,6 +56,16 @@ pub struct EngineArgs {
     #[arg(long, env = "FUSED_DECODER", default_value = "auto",
           value_parser = ["auto", "cuda", "triton", "off"])]
     pub fused_decoder: String,
+
+    /// What the model is served for: auto (score for a *ForSequenceClassification folder, else
+    /// embed), embed, or score (a cross-encoder, or a causal reranker such as Qwen3-Reranker,
+    /// which is published as a plain causal LM).
+    #[arg(long, env = "TASK", default_value = "auto", value_parser = ["auto", "embed", "score"])]
+    pub task: String,
+
+    /// A causal reranker's instruction when a request names none (Qwen3-Reranker's own by default).
+    #[arg(long, env = "DEFAULT_INSTRUCTION")]
+    pub default_instruction: Option<String>,
 }
 
 /// A loaded `rose.Engine`.
@@ -85,6 +95,8 @@ impl Rose {
                 kwargs.set_item("max_batch_tokens", tulip.max_batch_tokens)?;
                 kwargs.set_item("max_batch_requests", tulip.max_batch_requests)?;
                 kwargs.set_item("fused_decoder", &args.fused_decoder)?;
+                kwargs.set_item("task", &args.task)?;
+                kwargs.set_item("default_instruction", &args.default_instruction)?;
                 // A server answers its first queries sooner with the attention libraries that
                 // are slow to import loaded in the background (rose.attention.AutoBackend).
                 kwargs.set_item("defer_attention", true)?;
@@ -191,10 +203,12 @@ impl Engine for Rose {
         Python::attach(|py| {
             let ids = int32_bytes(py, &batch.token_ids);
             let cu_seqlens = int32_bytes(py, &batch.cu_seqlens);
+            let types =
+                (!batch.token_type_ids.is_empty()).then(|| int32_bytes(py, &batch.token_type_ids));
             let lazy = self
                 .engine
                 .bind(py)
-                .call_method1("step", (ids, cu_seqlens))
+                .call_method1("step", (ids, cu_seqlens, types))
                 .map_err(|e| engine_error(py, e))?;
             Ok(RoseResult {
                 lazy: lazy.unbind(),

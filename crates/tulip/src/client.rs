@@ -70,6 +70,18 @@ impl TulipClient {
         Ok(response.into_inner())
     }
 
+    /// Scores tokenized sequences (a score model's).
+    pub async fn score(
+        &self,
+        request: proto::ScoreRequest,
+    ) -> Result<proto::ScoreResponse, TulipError> {
+        let response = match &self.transport {
+            Transport::Grpc { raw, .. } => raw.clone().score(request).await?,
+            Transport::InProcess(service) => service.score(Request::new(request)).await?,
+        };
+        Ok(response.into_inner())
+    }
+
     /// Describes the served model.
     pub async fn info(&self) -> Result<proto::InfoResponse, TulipError> {
         let request = Request::new(proto::InfoRequest {});

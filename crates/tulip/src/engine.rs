@@ -12,6 +12,8 @@ pub struct Batch {
     pub token_ids: Vec<u32>,
     /// `cu_seqlens[i]..cu_seqlens[i + 1]` are sequence i's tokens; starts with 0.
     pub cu_seqlens: Vec<u32>,
+    /// One per token id once any sequence has them (the others' are 0); empty: all 0.
+    pub token_type_ids: Vec<u32>,
 }
 
 impl Batch {
@@ -25,10 +27,21 @@ impl Batch {
         self.len() == 0
     }
 
-    /// Appends one sequence.
-    pub fn push(&mut self, ids: &[u32]) {
+    /// Appends one sequence, with its token type ids if it has any (`types`: one per id).
+    pub fn push(&mut self, ids: &[u32], types: Option<&[u32]>) {
         if self.cu_seqlens.is_empty() {
             self.cu_seqlens.push(0);
+        }
+        match types {
+            Some(types) => {
+                // The sequences before this one had none: theirs are 0.
+                self.token_type_ids.resize(self.token_ids.len(), 0);
+                self.token_type_ids.extend_from_slice(types);
+            }
+            None if !self.token_type_ids.is_empty() => self
+                .token_type_ids
+                .resize(self.token_ids.len() + ids.len(), 0),
+            None => {}
         }
         self.token_ids.extend_from_slice(ids);
         self.cu_seqlens.push(self.token_ids.len() as u32);
@@ -86,5 +99,21 @@ pub trait Engine: 'static {
         Self: Sized,
     {
         body()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_types_are_kept_once_any_sequence_has_them() {
+        let mut batch = Batch::default();
+        batch.push(&[1, 2], None);
+        assert!(batch.token_type_ids.is_empty());
+        batch.push(&[3, 4, 5], Some(&[0, 1, 1]));
+        batch.push(&[6], None);
+        assert_eq!(batch.token_type_ids, [0, 0, 0, 1, 1, 0]);
+        assert_eq!(batch.cu_seqlens, [0, 2, 5, 6]);
     }
 }

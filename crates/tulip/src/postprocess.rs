@@ -47,6 +47,20 @@ pub fn append_row(pooled: &[f32], shape: Shape, out: &mut Vec<u8>) {
     }
 }
 
+/// A score model's logits for one sequence as probabilities, unless `raw`: the sigmoid of a
+/// single logit (a relevance score, as cross-encoders publish it), the softmax of several.
+pub fn score_row(logits: &[f32], raw: bool, out: &mut Vec<f32>) {
+    if raw {
+        out.extend_from_slice(logits);
+    } else if let [logit] = logits {
+        out.push(1.0 / (1.0 + (-logit).exp()));
+    } else {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = logits.iter().map(|x| (x - max).exp()).sum();
+        out.extend(logits.iter().map(|x| (x - max).exp() / sum));
+    }
+}
+
 fn inverse_norm(v: &[f32]) -> f32 {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     // Same guard as torch.nn.functional.normalize: an all-zero vector stays zero.
@@ -110,6 +124,16 @@ mod tests {
             values,
             [0, 127, -127, (0.5f32.tanh() * 127.0).round() as i8]
         );
+    }
+
+    #[test]
+    fn scores_are_the_sigmoid_of_one_logit_or_the_softmax_of_several() {
+        let mut out = Vec::new();
+        score_row(&[0.0], false, &mut out);
+        score_row(&[2.0], true, &mut out);
+        score_row(&[1.0, 1.0], false, &mut out);
+        score_row(&[1000.0, 0.0], false, &mut out);
+        assert_eq!(out, [0.5, 2.0, 0.5, 0.5, 1.0, 0.0]);
     }
 
     #[test]

@@ -101,24 +101,28 @@ impl Scheduler {
         !self.submit.is_closed()
     }
 
-    /// Queues the sequences `token_ids[offsets[i]..offsets[i + 1]]` and waits for their pooled
-    /// vectors. Dropping the future withdraws the sequences not yet batched.
-    pub async fn embed(
-        &self,
-        token_ids: Vec<u32>,
-        offsets: Vec<usize>,
-    ) -> Result<Answer, TulipError> {
+    /// Queues the sequences and waits for the engine's rows of them (pooled vectors, or a score
+    /// model's logits). Dropping the future withdraws the sequences not yet batched.
+    pub async fn run(&self, sequences: Sequences) -> Result<Answer, TulipError> {
         let (reply, answer) = oneshot::channel();
-        let job = Arc::new(Job::new(token_ids, offsets, reply));
+        let job = Arc::new(Job::new(sequences, reply));
         self.submit.send(job).map_err(|_| TulipError::Stopped)?;
         answer.await.map_err(|_| TulipError::Stopped)?
     }
 }
 
+/// The sequences of one request: `token_ids[offsets[i]..offsets[i + 1]]` is sequence i.
+#[derive(Debug, Clone, Default)]
+pub struct Sequences {
+    pub token_ids: Vec<u32>,
+    /// One per token id, or empty (all 0).
+    pub token_type_ids: Vec<u32>,
+    pub offsets: Vec<usize>,
+}
+
 /// One request: several sequences answered together.
 struct Job {
-    token_ids: Vec<u32>,
-    offsets: Vec<usize>,
+    sequences: Sequences,
     submitted: Instant,
     state: Mutex<JobState>,
 }
@@ -132,12 +136,8 @@ struct JobState {
 }
 
 impl Job {
-    fn new(
-        token_ids: Vec<u32>,
-        offsets: Vec<usize>,
-        reply: oneshot::Sender<Result<Answer, TulipError>>,
-    ) -> Job {
-        let remaining = offsets.len().saturating_sub(1);
+    fn new(sequences: Sequences, reply: oneshot::Sender<Result<Answer, TulipError>>) -> Job {
+        let remaining = sequences.offsets.len().saturating_sub(1);
         let state = JobState {
             data: Vec::new(),
             dim: 0,
@@ -146,19 +146,25 @@ impl Job {
             reply: Some(reply),
         };
         Job {
-            token_ids,
-            offsets,
+            sequences,
             submitted: Instant::now(),
             state: Mutex::new(state),
         }
     }
 
     fn sequences(&self) -> usize {
-        self.offsets.len().saturating_sub(1)
+        self.sequences.offsets.len().saturating_sub(1)
     }
 
     fn tokens(&self, index: usize) -> &[u32] {
-        &self.token_ids[self.offsets[index]..self.offsets[index + 1]]
+        let s = &self.sequences;
+        &s.token_ids[s.offsets[index]..s.offsets[index + 1]]
+    }
+
+    fn types(&self, index: usize) -> Option<&[u32]> {
+        let s = &self.sequences;
+        (!s.token_type_ids.is_empty())
+            .then(|| &s.token_type_ids[s.offsets[index]..s.offsets[index + 1]])
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, JobState> {
@@ -215,7 +221,8 @@ struct Sequence {
 
 impl Queued for Sequence {
     fn tokens(&self) -> usize {
-        self.job.offsets[self.index + 1] - self.job.offsets[self.index]
+        let offsets = &self.job.sequences.offsets;
+        offsets[self.index + 1] - offsets[self.index]
     }
 
     fn is_wanted(&self) -> bool {
@@ -257,7 +264,7 @@ fn engine_loop<E: Engine>(
         let mut batch = Batch::default();
         let started = Instant::now();
         for seq in &members {
-            batch.push(seq.job.tokens(seq.index));
+            batch.push(seq.job.tokens(seq.index), seq.job.types(seq.index));
             seq.job.mark_started(started);
         }
         metrics::histogram!("tulip_batch_sequences").record(batch.len() as f64);
@@ -346,6 +353,14 @@ mod tests {
         }
     }
 
+    fn seqs(token_ids: Vec<u32>, offsets: Vec<usize>) -> Sequences {
+        Sequences {
+            token_ids,
+            offsets,
+            ..Default::default()
+        }
+    }
+
     fn start(max_tokens: u32) -> Scheduler {
         Scheduler::start(move || Ok((Echo, sized(max_tokens, 4)))).unwrap()
     }
@@ -354,7 +369,7 @@ mod tests {
     async fn answers_each_request_in_its_own_order() {
         let scheduler = start(8);
         let out = scheduler
-            .embed(vec![7, 8, 9, 1, 2, 3, 4, 5, 6], vec![0, 3, 4, 9])
+            .run(seqs(vec![7, 8, 9, 1, 2, 3, 4, 5, 6], vec![0, 3, 4, 9]))
             .await
             .unwrap();
         assert_eq!(out.pooled.data, [3.0, 7.0, 1.0, 1.0, 5.0, 2.0]);
@@ -369,7 +384,10 @@ mod tests {
                 (
                     i,
                     scheduler
-                        .embed(vec![i; i as usize % 5 + 1], vec![0, i as usize % 5 + 1])
+                        .run(seqs(
+                            vec![i; i as usize % 5 + 1],
+                            vec![0, i as usize % 5 + 1],
+                        ))
                         .await,
                 )
             }
@@ -382,9 +400,12 @@ mod tests {
     #[tokio::test]
     async fn an_engine_error_fails_its_batch_and_the_engine_keeps_serving() {
         let scheduler = start(4);
-        let err = scheduler.embed(vec![666], vec![0, 1]).await.unwrap_err();
+        let err = scheduler
+            .run(seqs(vec![666], vec![0, 1]))
+            .await
+            .unwrap_err();
         assert!(matches!(err, TulipError::Engine(EngineError::Fault(_))));
-        assert!(scheduler.embed(vec![1], vec![0, 1]).await.is_ok());
+        assert!(scheduler.run(seqs(vec![1], vec![0, 1])).await.is_ok());
     }
 
     /// An engine that holds its first step until released, and records what it was given.
@@ -423,19 +444,19 @@ mod tests {
 
         let first = tokio::spawn({
             let scheduler = scheduler.clone();
-            async move { scheduler.embed(vec![1], vec![0, 1]).await }
+            async move { scheduler.run(seqs(vec![1], vec![0, 1])).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         // Queued behind the held step; its client gives up before it is batched.
         let gone = tokio::time::timeout(
             Duration::from_millis(50),
-            scheduler.embed(vec![2], vec![0, 1]),
+            scheduler.run(seqs(vec![2], vec![0, 1])),
         )
         .await;
         assert!(gone.is_err());
         release.send(()).unwrap();
         first.await.unwrap().unwrap();
-        scheduler.embed(vec![3], vec![0, 1]).await.unwrap();
+        scheduler.run(seqs(vec![3], vec![0, 1])).await.unwrap();
         assert_eq!(*seen.lock().unwrap(), [vec![1], vec![3]]);
     }
 }

@@ -5,11 +5,11 @@ use std::future::Future;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
-use crate::error::TulipError;
-use crate::postprocess::{append_row, Shape};
+use crate::error::{EngineError, TulipError};
+use crate::postprocess::{append_row, score_row, Shape};
 use crate::proto::tulip_server::{Tulip, TulipServer};
 use crate::proto::{self, Encoding, ModelInfo};
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Scheduler, Sequences};
 
 /// Largest gRPC message Tulip accepts or a client takes (a whole model tokenizer fits).
 pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
@@ -51,10 +51,12 @@ impl Tulip for TulipService {
         request: Request<proto::EmbedRequest>,
     ) -> Result<Response<proto::EmbedResponse>, Status> {
         let request = request.into_inner();
-        let shape = validate(&request, &self.scheduler.served().model)?;
-        let offsets = offsets(&request.lengths);
+        let model = &self.scheduler.served().model;
+        require_task(model, "embed")?;
+        let shape = validate(&request, model)?;
         let count = request.lengths.len();
-        let embedded = self.scheduler.embed(request.token_ids, offsets).await?;
+        let sequences = sequences(request.token_ids, request.token_type_ids, &request.lengths);
+        let embedded = self.scheduler.run(sequences).await?;
         let mut data = Vec::with_capacity(count * shape.row_bytes());
         for row in 0..count {
             append_row(embedded.pooled.row(row), shape, &mut data);
@@ -66,6 +68,35 @@ impl Tulip for TulipService {
             data,
             queue_us: embedded.queue_time.as_micros() as u64,
             inference_us: embedded.inference_time.as_micros() as u64,
+        }))
+    }
+
+    async fn score(
+        &self,
+        request: Request<proto::ScoreRequest>,
+    ) -> Result<Response<proto::ScoreResponse>, Status> {
+        let request = request.into_inner();
+        let model = &self.scheduler.served().model;
+        require_task(model, "score")?;
+        let lengths = (
+            &request.token_ids,
+            &request.token_type_ids,
+            &request.lengths,
+        );
+        validate_sequences(lengths, model)?;
+        let count = request.lengths.len();
+        let sequences = sequences(request.token_ids, request.token_type_ids, &request.lengths);
+        let answer = self.scheduler.run(sequences).await?;
+        let mut scores = Vec::with_capacity(count * answer.pooled.dim);
+        for row in 0..count {
+            score_row(answer.pooled.row(row), request.raw_scores, &mut scores);
+        }
+        Ok(Response::new(proto::ScoreResponse {
+            count: count as u32,
+            labels: answer.pooled.dim as u32,
+            scores,
+            queue_us: answer.queue_time.as_micros() as u64,
+            inference_us: answer.inference_time.as_micros() as u64,
         }))
     }
 
@@ -100,6 +131,28 @@ impl Tulip for TulipService {
     }
 }
 
+/// A request's sequences for the scheduler.
+fn sequences(token_ids: Vec<u32>, token_type_ids: Vec<u32>, lengths: &[u32]) -> Sequences {
+    Sequences {
+        token_ids,
+        token_type_ids,
+        offsets: offsets(lengths),
+    }
+}
+
+/// Refuses a request of the other task (an embedding model asked to score, or the reverse).
+fn require_task(model: &ModelInfo, task: &str) -> Result<(), TulipError> {
+    if model.task == task {
+        return Ok(());
+    }
+    let other = if task == "embed" { "Score" } else { "Embed" };
+    Err(EngineError::Model(format!(
+        "{} is a model of task {:?}; it answers {other}, not this call",
+        model.model_id, model.task
+    ))
+    .into())
+}
+
 fn offsets(lengths: &[u32]) -> Vec<usize> {
     std::iter::once(0)
         .chain(lengths.iter().scan(0, |end, &len| {
@@ -109,56 +162,87 @@ fn offsets(lengths: &[u32]) -> Vec<usize> {
         .collect()
 }
 
-/// Checks a request against the model; Ivy checks too, but Tulip trusts no client.
+/// Checks an embedding request against the model; Ivy checks too, but Tulip trusts no client.
 fn validate(request: &proto::EmbedRequest, info: &ModelInfo) -> Result<Shape, TulipError> {
-    let invalid = |msg: String| Err(TulipError::Validation(msg));
-    if request.lengths.is_empty() {
-        return invalid("a request needs at least one sequence".into());
-    }
-    let total: u64 = request.lengths.iter().map(|&len| len as u64).sum();
-    if total != request.token_ids.len() as u64 {
-        return invalid(format!(
-            "lengths add up to {total} tokens but {} were sent",
-            request.token_ids.len()
-        ));
-    }
-    if let Some(i) = request.lengths.iter().position(|&len| len == 0) {
-        return invalid(format!("sequence {i} is empty"));
-    }
-    if let Some(i) = request
-        .lengths
-        .iter()
-        .position(|&len| len > info.max_input_length)
-    {
-        return invalid(format!(
-            "sequence {i} has {} tokens; the model takes at most {}",
-            request.lengths[i], info.max_input_length
-        ));
-    }
-    if let Some(&id) = request.token_ids.iter().find(|&&id| id >= info.vocab_size) {
-        return invalid(format!(
-            "token id {id} is outside the vocabulary (size {})",
-            info.vocab_size
-        ));
-    }
+    validate_sequences(
+        (
+            &request.token_ids,
+            &request.token_type_ids,
+            &request.lengths,
+        ),
+        info,
+    )?;
     let dimensions = match request.dimensions {
         0 => info.dimensions as usize,
         d if d <= info.dimensions => d as usize,
         d => {
-            return invalid(format!(
+            return Err(TulipError::Validation(format!(
                 "dimensions must be between 1 and {}; got {d}",
                 info.dimensions
-            ))
+            )))
         }
     };
     let Ok(encoding) = Encoding::try_from(request.encoding) else {
-        return invalid(format!("unknown encoding {}", request.encoding));
+        return Err(TulipError::Validation(format!(
+            "unknown encoding {}",
+            request.encoding
+        )));
     };
     Ok(Shape {
         dimensions,
         normalize: request.normalize,
         encoding,
     })
+}
+
+/// Checks the sequences of a request (token ids, their type ids, the lengths) against the model.
+fn validate_sequences(
+    (token_ids, token_type_ids, lengths): (&Vec<u32>, &Vec<u32>, &Vec<u32>),
+    info: &ModelInfo,
+) -> Result<(), TulipError> {
+    let invalid = |msg: String| Err(TulipError::Validation(msg));
+    if lengths.is_empty() {
+        return invalid("a request needs at least one sequence".into());
+    }
+    let total: u64 = lengths.iter().map(|&len| len as u64).sum();
+    if total != token_ids.len() as u64 {
+        return invalid(format!(
+            "lengths add up to {total} tokens but {} were sent",
+            token_ids.len()
+        ));
+    }
+    if let Some(i) = lengths.iter().position(|&len| len == 0) {
+        return invalid(format!("sequence {i} is empty"));
+    }
+    if let Some(i) = lengths.iter().position(|&len| len > info.max_input_length) {
+        return invalid(format!(
+            "sequence {i} has {} tokens; the model takes at most {}",
+            lengths[i], info.max_input_length
+        ));
+    }
+    if let Some(&id) = token_ids.iter().find(|&&id| id >= info.vocab_size) {
+        return invalid(format!(
+            "token id {id} is outside the vocabulary (size {})",
+            info.vocab_size
+        ));
+    }
+    if !token_type_ids.is_empty() && token_type_ids.len() != token_ids.len() {
+        return invalid(format!(
+            "{} token type ids for {} token ids",
+            token_type_ids.len(),
+            token_ids.len()
+        ));
+    }
+    if let Some(&t) = token_type_ids
+        .iter()
+        .find(|&&t| t >= info.type_vocab_size.max(1))
+    {
+        return invalid(format!(
+            "token type id {t} is outside the model's {} token types",
+            info.type_vocab_size.max(1)
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -170,6 +254,7 @@ mod tests {
             dimensions: 8,
             max_input_length: 4,
             vocab_size: 100,
+            type_vocab_size: 2,
             ..Default::default()
         }
     }
@@ -207,5 +292,10 @@ mod tests {
         let mut too_wide = request(vec![1], vec![1]);
         too_wide.dimensions = 9;
         assert!(error(too_wide).contains("between 1 and 8"));
+        let mut types = request(vec![1, 2], vec![2]);
+        types.token_type_ids = vec![0];
+        assert!(error(types.clone()).contains("1 token type ids for 2 token ids"));
+        types.token_type_ids = vec![0, 2];
+        assert!(error(types).contains("token type id 2 is outside the model's 2 token types"));
     }
 }

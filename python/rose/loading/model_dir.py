@@ -113,6 +113,8 @@ def _pooling(root: Path, modules: list[dict[str, Any]], config: dict[str, Any]) 
 
 def _max_input_length(root: Path, config: dict[str, Any]) -> int:
     positions = int(config.get("max_position_embeddings") or 512)
+    if config.get("model_type") in ("roberta", "xlm-roberta"):
+        positions -= int(config.get("pad_token_id", 1)) + 1  # positions start after the padding id
     st_bert = _read_json(root / "sentence_bert_config.json") or {}
     if st_bert.get("max_seq_length"):
         return min(int(st_bert["max_seq_length"]), positions)

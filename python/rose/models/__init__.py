@@ -1,18 +1,22 @@
 """The model families ROSE serves: a file each, and a line each in MODELS (config.json's
 `model_type` to the class). A family's class is built from (config, weights, dtype, device,
 matmul_dtype), names its checkpoint's weight prefixes in `weight_prefixes`, and has
-`attention_spec` and `forward(batch, attention) -> [tokens, hidden]`; a decoder family may offer
-`decoder_weights()` for the fused single-query decoders (rose.decoder)."""
+`attention_spec` and `forward(batch, attention) -> [tokens, hidden]`; a family that scores names
+its `score_pooling` and builds its `score_head(weights, tokenizer)` (rose.models.heads); a decoder
+family may offer `decoder_weights()` for the fused single-query decoders (rose.decoder)."""
 
 from __future__ import annotations
 
 from rose.errors import ModelError
 from rose.models.bert import Bert
 from rose.models.qwen3 import Qwen3
+from rose.models.xlm_roberta import XlmRoberta
 
 MODELS: dict[str, type] = {
     "bert": Bert,
     "qwen3": Qwen3,
+    "xlm-roberta": XlmRoberta,
+    "roberta": XlmRoberta,
 }
 
 

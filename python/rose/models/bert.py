@@ -1,4 +1,5 @@
-"""The BERT family (MiniLM, BGE, E5, GTE-base style BertModel) over one packed ragged batch."""
+"""The BERT family (MiniLM, BGE, E5, GTE-base style BertModel) over one packed ragged batch, and
+its cross-encoders (BertForSequenceClassification: the pooler and the classifier as a score head)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
+from rose.models.heads import TanhClassifier
 from rose.models.layers import Linear, Weights
 
 
@@ -35,6 +37,10 @@ class Bert:
     """BertModel's encoder: token states for every token of the batch."""
 
     weight_prefixes = ("bert.", "model.")
+    score_pooling = "cls"
+    """A cross-encoder scores a pair from its first token's state."""
+    position_offset = 0
+    """Where positions start in the position embeddings (RoBERTa's start after its padding id)."""
 
     def __init__(
         self,
@@ -63,8 +69,9 @@ class Bert:
 
         self.word_embeddings = w("embeddings.word_embeddings.weight")
         self.position_embeddings = w("embeddings.position_embeddings.weight")
-        # Every sequence is a single segment: token type 0 is added to every token.
-        self.token_type_embedding = w("embeddings.token_type_embeddings.weight")[0]
+        # Token types (segments): a pair's second part is type 1; a batch without them is all type 0.
+        self.token_type_embeddings = w("embeddings.token_type_embeddings.weight")
+        self.token_type_embedding = self.token_type_embeddings[0]
         self.embed_norm = norm("embeddings.LayerNorm")
         self.layers = []
         for i in range(config["num_hidden_layers"]):
@@ -83,11 +90,11 @@ class Bert:
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states."""
         spec = self.attention_spec
-        x = (
-            self.word_embeddings[batch.input_ids]
-            + self.position_embeddings[batch.positions]
-            + self.token_type_embedding
-        )
+        types = self.token_type_embedding
+        if batch.token_type_ids is not None:
+            types = self.token_type_embeddings[batch.token_type_ids]
+        positions = batch.positions + self.position_offset if self.position_offset else batch.positions
+        x = self.word_embeddings[batch.input_ids] + self.position_embeddings[positions] + types
         x = F.layer_norm(x, (self.hidden,), *self.embed_norm, self.eps)
         for layer in self.layers:
             qkv = layer.qkv(x).view(-1, 3, spec.num_heads, spec.head_dim)
@@ -96,3 +103,11 @@ class Bert:
             h = self.activation(layer.up(x))
             x = F.layer_norm(layer.down(h).add_(x), (self.hidden,), *layer.ffn_norm, self.eps)
         return x
+
+    @staticmethod
+    def score_head(weights: dict[str, torch.Tensor], tokenizer: object) -> TanhClassifier:
+        """BertForSequenceClassification's pooler and classifier."""
+        return TanhClassifier(
+            weights["pooler.dense.weight"], weights["pooler.dense.bias"],
+            weights["classifier.weight"], weights["classifier.bias"],
+        )  # fmt: skip

@@ -5,6 +5,7 @@ pplx-embed (`use_bidirectional_attention`, mean pooling)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -12,6 +13,7 @@ from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.decoder.base import DecoderWeights
 from rose.errors import ModelError
+from rose.models.heads import RowScore
 from rose.models.layers import Linear, Weights
 from rose.ops import kernels
 
@@ -41,6 +43,8 @@ class Qwen3:
     """Qwen3Model's decoder stack: final-normed token states for every token of the batch."""
 
     weight_prefixes = ("model.",)
+    score_pooling = "last"
+    """A causal reranker judges a pair at its last token."""
 
     def __init__(
         self,
@@ -111,3 +115,14 @@ class Qwen3:
             h = kernels.add_rmsnorm(x, residual, layer.post_norm, self.eps)
             x = layer.down(kernels.silu_and_mul(layer.gate_up(h)))
         return kernels.add_rmsnorm(x, residual, self.norm, self.eps)
+
+    @staticmethod
+    def score_head(weights: dict[str, torch.Tensor], tokenizer: Any) -> RowScore:
+        """Qwen3-Reranker's score, sigmoid(logit_yes - logit_no) at the last token: the difference
+        of the LM head's rows of the tokenizer's "yes" and "no" (the embedding's rows when the head
+        is tied to it)."""
+        ids = [tokenizer.token_to_id(word) for word in ("yes", "no")]
+        if None in ids:
+            raise ModelError('the tokenizer has no "yes" or "no" token: not a Qwen3-Reranker')
+        head = weights.get("lm_head.weight", weights["embed_tokens.weight"])
+        return RowScore(head[ids[0]].float() - head[ids[1]].float())

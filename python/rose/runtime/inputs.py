@@ -29,6 +29,9 @@ class DeviceInputs:
         self._device = torch.zeros(size, dtype=torch.int32, device=device)
         self.staging = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self._host = self.staging.numpy()
+        # Token type ids (pairs for cross-encoders), uploaded apart and only for batches that have them.
+        self._types = torch.zeros(max_tokens, dtype=torch.int32, device=device)
+        self._types_staging = torch.zeros(max_tokens, dtype=torch.int32, pin_memory=True)
         self._stream, self._stream_handle = stream, stream.cuda_stream
         self._driver = driver_for(device.index if device.index is not None else torch.cuda.current_device())
         # The views a batch of (tokens, sequences) reads, made once: slicing tensors costs the host
@@ -47,10 +50,16 @@ class DeviceInputs:
         return self._max_sequences
 
     def fill(
-        self, ids: np.ndarray, cu_seqlens: np.ndarray, tokens: int, sequences: int, max_seqlen: int
+        self,
+        ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        tokens: int,
+        sequences: int,
+        max_seqlen: int,
+        token_type_ids: np.ndarray | None = None,
     ) -> RaggedBatch:
         """Uploads a batch padded to `tokens` tokens and `sequences` sequences: the padding tokens
-        (id 0) form one extra sequence, and the remaining sequences are empty."""
+        (id 0, type 0) form one extra sequence, and the remaining sequences are empty."""
         real_tokens, real_sequences = len(ids), len(cu_seqlens) - 1
         if real_tokens > tokens or real_sequences + (tokens > real_tokens) > sequences:
             raise ValueError(f"{real_tokens} tokens in {real_sequences} sequences do not fit {tokens} in {sequences}")
@@ -71,7 +80,15 @@ class DeviceInputs:
             views = self._views[(tokens, sequences)] = self._slice(tokens, sequences)
         upload, on_device, cu, cu_host, count = views
         self._driver.copy_to_device(*upload, self._stream_handle)
-        return RaggedBatch(on_device, cu, cu_host, max_seqlen, token_count=count)
+        batch = RaggedBatch(on_device, cu, cu_host, max_seqlen, token_count=count)
+        if token_type_ids is not None:
+            types = self._types_staging.numpy()
+            types[:real_tokens] = token_type_ids
+            types[real_tokens:tokens] = 0
+            self._driver.copy_to_device(self._types.data_ptr(), self._types_staging.data_ptr(), tokens * 4,
+                                        self._stream_handle)  # fmt: skip
+            batch.token_type_ids = self._types[:tokens]
+        return batch
 
     def _slice(self, tokens: int, sequences: int) -> tuple:
         """The upload (destination, source, bytes), the ids, the offsets (device and host) and the count."""

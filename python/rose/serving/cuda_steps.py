@@ -18,6 +18,8 @@ from rose.serving.lazy import LazyTensor
 from rose.serving.timeline import StepTimeline
 
 Forward = Callable[[RaggedBatch, AttentionBackend], torch.Tensor]
+Head = Callable[[torch.Tensor], torch.Tensor]
+"""A score model's head: pooled float32 states [sequences, hidden] to logits [sequences, labels]."""
 
 
 class CudaSteps:
@@ -55,8 +57,12 @@ class CudaSteps:
         forward: Forward,
         smallest_bucket: int | None,
         max_input_length: int,
+        token_type_ids: np.ndarray | None = None,
+        head: Head | None = None,
     ) -> LazyTensor:
-        """Enqueues the batch; returns its pooled vectors as a LazyTensor with a forecast end."""
+        """Enqueues the batch; returns its pooled vectors (through `head`, a score model's, if
+        given) as a LazyTensor with a forecast end. Batches with token type ids take graphs of
+        their own, which read the types' static buffer."""
         tokens, sequences = len(ids), len(cu) - 1
         inputs = self.inputs
         # Graphs share one memory pool: the previous result leaves it before the next replay.
@@ -66,29 +72,32 @@ class CudaSteps:
         # the host's wait: if the host is late, the GPU's wait shows as idle, not as busy.
         inputs.wait_free()
         self.timeline.begin(self._stream)
-        key = bucket(tokens, sequences, smallest_bucket)
+        padded, slots = bucket(tokens, sequences, smallest_bucket)
+        key = (padded, slots) if token_type_ids is None else (padded, slots, "typed")
         limit = max(max_input_length, 256)  # the longest sequence a graph plans for
-        fits = key[0] <= inputs.max_tokens and key[1] <= inputs.max_sequences
+        fits = padded <= inputs.max_tokens and slots <= inputs.max_sequences
         # Only replays' ends are forecast: an eager run's span (JIT, kernel loads on a first hit)
         # says little about the next one's, and a forecast too late makes its waiter oversleep.
-        replay: tuple[int, int] | None = None
+        replay: tuple | None = None
         # No sequence is longer than the batch, so the offsets' differences (host time on a
         # query's path before its launch) are taken only past the limit.
         if self.graphs is not None and fits and (tokens <= limit or _longest(cu) <= limit):
             replay = key if self.graphs.captured(key) else None
-            batch = inputs.fill(ids, cu, key[0], key[1], max_seqlen=min(key[0], limit))
+            batch = inputs.fill(ids, cu, padded, slots, min(padded, limit), token_type_ids)
             graph_attention = self.graphs.attention_for(key, batch)
             graph_attention.plan(batch)
             inputs.mark_uploaded()
             pooled = self.graphs.run(key, batch, forward)[:sequences]
         else:
             if tokens <= inputs.max_tokens and sequences <= inputs.max_sequences:
-                batch = inputs.fill(ids, cu, tokens, sequences, max_seqlen=_longest(cu))
+                batch = inputs.fill(ids, cu, tokens, sequences, _longest(cu), token_type_ids)
             else:  # larger than the static buffers: a one-off upload
-                batch = RaggedBatch.from_host(ids, cu, self._device)
+                batch = RaggedBatch.from_host(ids, cu, self._device, token_type_ids)
             attention.plan(batch)
             inputs.mark_uploaded()
             pooled = forward(batch, attention)
+        if head is not None:  # a few small kernels after the graph, not inside it
+            pooled = head(pooled)
         # The copy first: the timeline's bookkeeping can wait, the result cannot.
         lazy = LazyTensor.from_device(pooled, self._copy_stream, self._stream)
         lazy.ready_at = self.timeline.end(self._stream, replay)

@@ -32,6 +32,7 @@ from rose.serving.dtypes import dtype_name, resolve_device, resolve_dtype
 from rose.serving.fidelity import THRESHOLD
 from rose.serving.lazy import LazyTensor
 from rose.serving.startup import Startup, in_background
+from rose.serving.task import resolve as resolve_task
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class Engine:
         verify: bool = True,
         defer_attention: bool = False,
         fused_decoder: str = "auto",
+        task: str = "auto",
+        default_instruction: str | None = None,
     ) -> None:
         marks = [time.perf_counter()]
         self.model_dir = ModelDir.open(model)
@@ -79,6 +82,9 @@ class Engine:
         # Straight onto the device: the model and the fidelity check's float32 reference are both
         # built from these there, without a second trip over PCIe.
         weights = load_weights(self.model_dir.path, self._family.weight_prefixes, self.device)
+        self.scoring = resolve_task(task, self.model_dir, self._family, weights, default_instruction)
+        if self.scoring is not None:
+            self.pooling = self.scoring.pooling
         marks.append(time.perf_counter())
         self.model = self._build(weights, self.dtype, self.matmul_dtype)
         decoder_weights = getattr(self.model, "decoder_weights", None)
@@ -159,7 +165,8 @@ class Engine:
 
     @property
     def dimensions(self) -> int:
-        return int(self.model_dir.config["hidden_size"])
+        """Values a row of step(): the hidden size, or a score model's labels."""
+        return len(self.scoring.labels) if self.scoring else int(self.model_dir.config["hidden_size"])
 
     @property
     def vocab_size(self) -> int:
@@ -178,21 +185,29 @@ class Engine:
     def max_input_length(self) -> int:
         return self.model_dir.max_input_length
 
+    def step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any = None) -> LazyTensor:
+        """Enqueues one packed batch (`token_type_ids`: one per token id, or None for all 0);
+        returns its pooled float32 vectors [sequences, dim], or a score model's logits
+        [sequences, labels], as a LazyTensor without waiting for the device. Shaping (truncation,
+        normalization, quantization, sigmoid) is left to the caller, since requests packed
+        together want different shapes. On the GPU, call it with the stream that was current when
+        the engine was made."""
+        return self._step(input_ids, cu_seqlens, token_type_ids, self.scoring.head if self.scoring else None)
+
     @torch.inference_mode()
-    def step(self, input_ids: Any, cu_seqlens: Any) -> LazyTensor:
-        """Enqueues one packed batch; returns its pooled float32 vectors [sequences, dim] as a
-        LazyTensor without waiting for the device. Shaping (truncation, normalization,
-        quantization) is left to the caller, since requests packed together want different
-        shapes. On the GPU, call it with the stream that was current when the engine was made."""
+    def _step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any) -> LazyTensor:
         ids, cu = as_int32(input_ids), as_int32(cu_seqlens)
+        types = None if token_type_ids is None else as_int32(token_type_ids)
         if self.startup.pending:
             auto = self.attention if isinstance(self.attention, AutoBackend) else None
             self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
         if self.gpu is None:
-            batch = RaggedBatch.from_host(ids, cu, self.device)
+            batch = RaggedBatch.from_host(ids, cu, self.device, types)
             self.attention.plan(batch)
-            return LazyTensor(self._forward(batch, self.attention))
-        return self.gpu.step(ids, cu, self.attention, self._forward, self.smallest_bucket, self.max_input_length)
+            pooled = self._forward(batch, self.attention)
+            return LazyTensor(head(pooled) if head is not None else pooled)
+        return self.gpu.step(ids, cu, self.attention, self._forward, self.smallest_bucket, self.max_input_length,
+                             types, head)  # fmt: skip
 
     def _forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
@@ -200,15 +215,17 @@ class Engine:
             return self.decoder(batch, self.pooling)
         return pool(self.model.forward(batch, attention), batch, self.pooling)
 
-    def embed_batches(self, batches: Iterable[Sequence[Sequence[int]]]) -> np.ndarray:
-        """Pooled float32 vectors of token-id sequences (lists or int32 arrays), a step a batch as
-        the caller packed them, each step enqueued before the previous one is waited for."""
+    def embed_batches(self, batches: Iterable[Sequence[Sequence[int]]], states: bool = False) -> np.ndarray:
+        """step()'s rows of token-id sequences (lists or int32 arrays; `states`: a score model's
+        pooled states, not its logits), a step a batch as the caller packed them, each step
+        enqueued before the previous one is waited for."""
+        head = self.scoring.head if self.scoring and not states else None
         out, pending = [], None
         for sequences in batches:
             lengths = np.array([len(s) for s in sequences], dtype=np.int32)
             cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             ids = np.concatenate([np.asarray(s, dtype=np.int32) for s in sequences])
-            lazy = self.step(ids, cu)
+            lazy = self._step(ids, cu, None, head)
             if pending is not None:
                 out.append(pending.wait().copy())
             pending = lazy
@@ -217,8 +234,13 @@ class Engine:
         return np.concatenate(out) if out else np.zeros((0, self.dimensions), dtype=np.float32)
 
     def embed_ids(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
-        """Pooled float32 vectors [len(sequences), dim] of one batch."""
+        """step()'s rows [len(sequences), dim or labels] of one batch."""
         return self.embed_batches([sequences])
+
+    def pooled_states(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+        """Pooled float32 states [len(sequences), hidden] of one batch (a score model's before
+        its head): what the fidelity check compares."""
+        return self.embed_batches([sequences], states=True)
 
     def reference(self, sequences: list[list[int]], weights: dict[str, torch.Tensor] | None = None) -> np.ndarray:
         """Pooled vectors of `sequences` from the model in float32 with eager SDPA attention, the
@@ -241,7 +263,8 @@ class Engine:
         """The reference's vectors of the fixed sequences, or those an earlier start with the
         same inputs kept on disk."""
         key = fidelity.reference_key(self.model_dir.path, self.pooling, self.device.type, fixed)
-        return fidelity.stored_reference(key, lambda: self.reference(fixed, weights), (len(fixed), self.dimensions))
+        shape = (len(fixed), int(self.model_dir.config["hidden_size"]))
+        return fidelity.stored_reference(key, lambda: self.reference(fixed, weights), shape)
 
     def stats(self) -> dict[str, Any]:
         """The engine's live state, for /info: graphs, fidelity, and the GPU's idle share between
@@ -281,10 +304,17 @@ class Engine:
             "vocab_size": self.vocab_size,
             "max_batch_tokens": self.max_batch_tokens,
             "max_batch_requests": self.max_batch_requests,
-            "normalize_by_default": self.model_dir.normalize,
+            "normalize_by_default": self.model_dir.normalize and self.scoring is None,
             "fused_decoder": self.decoder.name if self.decoder else "off",
+            "task": "score" if self.scoring else "embed",
+            "labels": self.scoring.labels if self.scoring else [],
+            "type_vocab_size": int(self.model_dir.config.get("type_vocab_size") or 1),
         }
 
     def tokenization(self) -> tuple[bytes, str]:
-        """tokenizer.json as published, and the template Ivy tokenizes by (JSON)."""
-        return self.model_dir.tokenizer_json(), json.dumps(self.model_dir.template())
+        """tokenizer.json as published, and the template Ivy tokenizes by (JSON): the model's
+        prompts and limit, and a score model's pair template."""
+        template = self.model_dir.template()
+        if self.scoring is not None:
+            template["score"] = self.scoring.template
+        return self.model_dir.tokenizer_json(), json.dumps(template)

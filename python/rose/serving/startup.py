@@ -38,7 +38,7 @@ class Checked(Protocol):
     @property
     def smallest_bucket(self) -> int | None: ...
 
-    def embed_ids(self, sequences: Sequence[Sequence[int]]) -> np.ndarray: ...
+    def pooled_states(self, sequences: Sequence[Sequence[int]]) -> np.ndarray: ...
 
     def use_attention(self, name: str, defer: bool = False) -> None: ...
 
@@ -131,7 +131,7 @@ class Startup:
         fallbacks = []
         while True:
             verdict = fidelity.measure(
-                engine.embed_ids, engine.path, fixed, vectors, tiers, engine.smallest_bucket, self.threshold
+                engine.pooled_states, engine.path, fixed, vectors, tiers, engine.smallest_bucket, self.threshold
             )
             if verdict.passed:
                 break

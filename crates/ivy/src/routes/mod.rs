@@ -3,6 +3,7 @@
 
 mod body;
 mod openai;
+mod rerank;
 mod status;
 mod tei;
 mod timing;
@@ -22,6 +23,11 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/embed", post(tei::embed))
         .route("/tokenize", post(tei::tokenize))
+        .route("/similarity", post(tei::similarity))
+        .route("/predict", post(tei::predict))
+        .route("/rerank", post(rerank::tei))
+        .route("/v1/rerank", post(rerank::cohere))
+        .route("/v2/rerank", post(rerank::cohere))
         .route("/health", get(status::health))
         .route("/info", get(status::info))
         .route("/metrics", get(status::metrics))

@@ -1,4 +1,5 @@
-//! The text-embeddings-inference-compatible API: POST /embed, POST /tokenize.
+//! The text-embeddings-inference-compatible API: POST /embed, /tokenize, /similarity, /predict
+//! (its /rerank is in rerank.rs).
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use crate::error::IvyError;
 use crate::gateway::Gateway;
 use crate::input::{parse_inputs, Input};
 use crate::request::EmbedCall;
+use crate::score::PredictInput;
 use crate::tokenization::EncodeOptions;
 
 #[derive(Deserialize)]
@@ -101,7 +103,7 @@ pub(super) async fn tokenize(
     Ok(Json(tokens))
 }
 
-fn direction(value: Option<&str>) -> Result<TruncationDirection, IvyError> {
+pub(super) fn direction(value: Option<&str>) -> Result<TruncationDirection, IvyError> {
     match value.map(str::to_ascii_lowercase).as_deref() {
         None | Some("right") => Ok(TruncationDirection::Right),
         Some("left") => Ok(TruncationDirection::Left),
@@ -109,5 +111,124 @@ fn direction(value: Option<&str>) -> Result<TruncationDirection, IvyError> {
             "`truncation_direction` must be Left or Right, not {:?}",
             value.unwrap_or_default()
         ))),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct SimilarityRequest {
+    #[serde(default)]
+    inputs: SimilarityInputs,
+}
+
+#[derive(Deserialize, Default)]
+struct SimilarityInputs {
+    #[serde(default)]
+    source_sentence: String,
+    #[serde(default)]
+    sentences: Vec<String>,
+}
+
+/// TEI's `/similarity`: the cosine of the source sentence with each sentence, in their order.
+pub(super) async fn similarity(
+    State(gateway): State<Gateway>,
+    JsonBody(request): JsonBody<SimilarityRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    gateway.require_task("embed")?;
+    let call = crate::score::RerankCall {
+        query: request.inputs.source_sentence,
+        documents: request.inputs.sentences,
+        ..Default::default()
+    };
+    let scored = gateway.rerank("tei_similarity", call).await?;
+    Ok((timing_headers(&scored.timings), Json(scored.scores)))
+}
+
+#[derive(Deserialize)]
+pub(super) struct PredictRequest {
+    #[serde(default)]
+    inputs: Value,
+    #[serde(default)]
+    truncate: Option<bool>,
+    #[serde(default)]
+    raw_scores: bool,
+}
+
+#[derive(serde::Serialize)]
+struct Prediction {
+    label: String,
+    score: f32,
+}
+
+/// TEI's `/predict`: a sequence-classification model's labels with their scores, best first;
+/// `inputs` is a text, a pair of texts, or a list of either (then a list of answers).
+pub(super) async fn predict(
+    State(gateway): State<Gateway>,
+    JsonBody(request): JsonBody<PredictRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    let (inputs, single) = predict_inputs(&request.inputs)?;
+    let (scores, labels, _, timings) = gateway
+        .predict(inputs, request.truncate, request.raw_scores)
+        .await?;
+    let names = &gateway.model().labels;
+    let answers: Vec<Vec<Prediction>> = scores
+        .chunks(labels.max(1))
+        .map(|row| {
+            let mut ranked: Vec<Prediction> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &score)| Prediction {
+                    label: names
+                        .get(i)
+                        .cloned()
+                        .unwrap_or_else(|| format!("LABEL_{i}")),
+                    score,
+                })
+                .collect();
+            ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
+            ranked
+        })
+        .collect();
+    let body = if single {
+        serde_json::to_value(&answers[0])
+    } else {
+        serde_json::to_value(&answers)
+    };
+    Ok((timing_headers(&timings), Json(body.unwrap_or(Value::Null))))
+}
+
+/// `/predict`'s inputs: (first text, second text of a pair), and whether one input was sent bare.
+fn predict_inputs(value: &Value) -> Result<(Vec<PredictInput>, bool), IvyError> {
+    let one = |item: &Value, at: &str| match item {
+        Value::String(text) => Ok((text.clone(), None)),
+        Value::Array(pair) => match pair.as_slice() {
+            [Value::String(a), Value::String(b)] => Ok((a.clone(), Some(b.clone()))),
+            _ => Err(IvyError::Validation(format!(
+                "`{at}` must be a text or a pair of two texts"
+            ))),
+        },
+        _ => Err(IvyError::Validation(format!(
+            "`{at}` must be a text or a pair of two texts"
+        ))),
+    };
+    match value {
+        Value::String(_) => Ok((vec![one(value, "inputs")?], true)),
+        Value::Array(items) if items.is_empty() => {
+            Err(IvyError::Validation("`inputs` cannot be empty".into()))
+        }
+        Value::Array(items) if items.len() == 2 && items.iter().all(Value::is_string) => {
+            Ok((vec![one(value, "inputs")?], true))
+        }
+        Value::Array(items) => Ok((
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| one(item, &format!("inputs[{i}]")))
+                .collect::<Result<_, _>>()?,
+            false,
+        )),
+        Value::Null => Err(IvyError::Validation("`inputs` is required".into())),
+        _ => Err(IvyError::Validation(
+            "`inputs` must be a text, a pair of texts, or a list of them".into(),
+        )),
     }
 }

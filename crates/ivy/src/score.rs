@@ -1,0 +1,285 @@
+//! The scoring path the rerank, predict and similarity routes share: a query against documents
+//! (a score model's pairs, or an embedding model's cosines), and sequences scored alone.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::try_join_all;
+use tokenizers::TruncationDirection;
+use tulip::proto::Encoding;
+
+use crate::error::IvyError;
+use crate::gateway::Gateway;
+use crate::input::Input;
+use crate::request::{EmbedCall, Timings};
+use crate::template::PairTemplate;
+use crate::tokenization::{EncodeOptions, Encoded, PairOptions, Rendered, INLINE_BYTES};
+
+/// One input of `/predict`: a text, or a pair of texts.
+pub type PredictInput = (String, Option<String>);
+
+/// What a rerank route asks: one query against documents.
+#[derive(Debug, Clone, Default)]
+pub struct RerankCall {
+    pub query: String,
+    pub documents: Vec<String>,
+    /// A causal reranker's instruction (else the server's default).
+    pub instruction: Option<String>,
+    /// None follows `--auto-truncate`.
+    pub truncate: Option<bool>,
+    pub max_tokens_per_doc: Option<usize>,
+    /// Logits instead of probabilities (a score model's).
+    pub raw_scores: bool,
+}
+
+/// One value a document (a score model's probability or logit, or an embedding model's cosine),
+/// in the documents' order, with the facts a response reports.
+pub struct Scores {
+    pub scores: Vec<f32>,
+    pub tokens: usize,
+    pub timings: Timings,
+}
+
+impl Gateway {
+    /// Scores each document against the query: a score model scores the pairs; an embedding
+    /// model answers the cosine of the query's vector and the document's, as vLLM does.
+    pub async fn rerank(&self, route: &'static str, call: RerankCall) -> Result<Scores, IvyError> {
+        if call.query.is_empty() {
+            return Err(IvyError::Validation("`query` cannot be empty".into()));
+        }
+        self.check_batch_size(call.documents.len())?;
+        if let Some(i) = call.documents.iter().position(String::is_empty) {
+            return Err(IvyError::Validation(format!(
+                "document {i} is an empty string"
+            )));
+        }
+        if call.max_tokens_per_doc == Some(0) {
+            return Err(IvyError::Validation(
+                "`max_tokens_per_doc` must be at least 1".into(),
+            ));
+        }
+        match self.model().task.as_str() {
+            "score" => self.score_pairs(route, call).await,
+            _ => self.cosines(route, call).await,
+        }
+    }
+
+    async fn score_pairs(&self, route: &'static str, call: RerankCall) -> Result<Scores, IvyError> {
+        let start = Instant::now();
+        let _permit = self.admit()?;
+        let bytes: usize = call.query.len() * call.documents.len()
+            + call.documents.iter().map(String::len).sum::<usize>();
+        let options = Arc::new(PairOptions {
+            query: call.query.into(),
+            truncate: call.truncate.unwrap_or(self.args().auto_truncate),
+            max_doc_tokens: call.max_tokens_per_doc,
+            rendered: self.rendered(call.instruction.as_deref())?,
+            inline: bytes <= INLINE_BYTES,
+        });
+        let pairs = try_join_all(
+            call.documents
+                .into_iter()
+                .enumerate()
+                .map(|(i, document)| self.tokenizer().encode_pair(i, document, options.clone())),
+        )
+        .await?;
+        let tokenization = start.elapsed();
+        let tokens = pairs.iter().map(|e| e.ids.len()).sum();
+        let (scores, labels, timings) = self.score_encoded(pairs, call.raw_scores).await?;
+        if labels != 1 {
+            return Err(IvyError::Unsupported(format!(
+                "{} scores {labels} labels; reranking needs one (use /predict)",
+                self.model().model_id
+            )));
+        }
+        Ok(self.finish(route, scores, tokens, tokenization, timings, start))
+    }
+
+    /// Scores sequences alone or as pairs (`/predict`): every label's score a sequence.
+    pub async fn predict(
+        &self,
+        inputs: Vec<PredictInput>,
+        truncate: Option<bool>,
+        raw_scores: bool,
+    ) -> Result<(Vec<f32>, usize, usize, Timings), IvyError> {
+        let start = Instant::now();
+        let _permit = self.admit()?;
+        self.require_task("score")?;
+        self.check_batch_size(inputs.len())?;
+        let truncate = truncate.unwrap_or(self.args().auto_truncate);
+        let single = Arc::new(EncodeOptions {
+            prompt: "".into(),
+            truncate,
+            direction: TruncationDirection::Right,
+            add_special_tokens: true,
+            inline: false,
+        });
+        let encoded = try_join_all(inputs.into_iter().enumerate().map(|(i, (first, second))| {
+            let single = single.clone();
+            async move {
+                match second {
+                    Some(second) => {
+                        let options = Arc::new(PairOptions {
+                            query: first.into(),
+                            truncate,
+                            max_doc_tokens: None,
+                            rendered: None,
+                            inline: false,
+                        });
+                        self.tokenizer().encode_pair(i, second, options).await
+                    }
+                    None => {
+                        let ids = self.tokenizer().encode(i, first, single).await?;
+                        Ok(Encoded { ids, types: None })
+                    }
+                }
+            }
+        }))
+        .await?;
+        let tokens = encoded.iter().map(|e| e.ids.len()).sum();
+        let tokenization = start.elapsed();
+        let (scores, labels, mut timings) = self.score_encoded(encoded, raw_scores).await?;
+        timings.tokenization = tokenization;
+        timings.total = start.elapsed();
+        Ok((scores, labels, tokens, timings))
+    }
+
+    /// Sends encoded sequences to the replicas' Score: the scores, labels a sequence, timings.
+    async fn score_encoded(
+        &self,
+        encoded: Vec<Encoded>,
+        raw: bool,
+    ) -> Result<(Vec<f32>, usize, Timings), IvyError> {
+        let typed = encoded.iter().any(|e| e.types.is_some());
+        let types: Vec<Vec<u32>> = if typed {
+            encoded
+                .iter()
+                .map(|e| e.types.clone().unwrap_or_else(|| vec![0; e.ids.len()]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let sequences: Vec<Vec<u32>> = encoded.into_iter().map(|e| e.ids).collect();
+        let (scores, labels, chunk) = self.replicas().score(&sequences, &types, raw).await?;
+        let timings = Timings {
+            queue: chunk.queue,
+            inference: chunk.inference,
+            transfer: chunk.transfer,
+            ..Timings::default()
+        };
+        Ok((scores, labels, timings))
+    }
+
+    /// An embedding model's rerank: the cosine of the query's and each document's normalized vectors.
+    async fn cosines(&self, route: &'static str, call: RerankCall) -> Result<Scores, IvyError> {
+        let start = Instant::now();
+        let inputs = std::iter::once(call.query)
+            .chain(call.documents)
+            .map(Input::Text)
+            .collect();
+        let embedded = self
+            .embed(
+                route,
+                EmbedCall {
+                    inputs,
+                    prompt_name: None,
+                    truncate: call.truncate,
+                    direction: TruncationDirection::Right,
+                    normalize: true,
+                    dimensions: None,
+                    encoding: Encoding::Float32,
+                },
+            )
+            .await?;
+        let v = &embedded.vectors;
+        let query = floats(v.row(0));
+        let scores = (1..v.count)
+            .map(|i| {
+                floats(v.row(i))
+                    .iter()
+                    .zip(&query)
+                    .map(|(a, b)| a * b)
+                    .sum()
+            })
+            .collect();
+        let mut timings = embedded.timings;
+        timings.total = start.elapsed();
+        Ok(Scores {
+            scores,
+            tokens: embedded.tokens,
+            timings,
+        })
+    }
+
+    /// A causal reranker's prompt for `instruction` (else the default); None for the
+    /// tokenizer's own pair template.
+    fn rendered(&self, instruction: Option<&str>) -> Result<Option<Rendered>, IvyError> {
+        let Some(PairTemplate::Rendered {
+            content,
+            default_instruction,
+            ..
+        }) = self.pair_template()
+        else {
+            return Ok(None);
+        };
+        let (prefix, suffix) = self.affixes().clone();
+        let instruction = instruction.unwrap_or(default_instruction);
+        Ok(Some(Rendered {
+            prefix,
+            content: content.replace("{instruction}", instruction),
+            suffix,
+        }))
+    }
+
+    fn finish(
+        &self,
+        route: &'static str,
+        scores: Vec<f32>,
+        tokens: usize,
+        tokenization: std::time::Duration,
+        mut timings: Timings,
+        start: Instant,
+    ) -> Scores {
+        timings.tokenization = tokenization;
+        timings.total = start.elapsed();
+        metrics::counter!("ivy_requests_total", "route" => route).increment(1);
+        metrics::counter!("ivy_input_tokens_total").increment(tokens as u64);
+        Scores {
+            scores,
+            tokens,
+            timings,
+        }
+    }
+}
+
+/// Documents ranked best first, the first `top_n` of them (all when None): (index, score).
+pub fn rank(scores: &[f32], top_n: Option<usize>) -> Vec<(usize, f32)> {
+    let mut ranked: Vec<(usize, f32)> = scores.iter().copied().enumerate().collect();
+    // Stable: ties keep the documents' order.
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    ranked.truncate(top_n.unwrap_or(ranked.len()));
+    ranked
+}
+
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_best_first_keeping_the_order_of_ties_and_cuts_at_top_n() {
+        let scores = [0.1, 0.9, 0.5, 0.9];
+        assert_eq!(
+            rank(&scores, None),
+            [(1, 0.9), (3, 0.9), (2, 0.5), (0, 0.1)]
+        );
+        assert_eq!(rank(&scores, Some(2)), [(1, 0.9), (3, 0.9)]);
+        assert_eq!(rank(&scores, Some(10)).len(), 4);
+    }
+}
