@@ -277,7 +277,9 @@ def save_cross_encoder(folder: Path, family: str = "bert") -> Path:
         tokenizer["post_processor"] = {"type": "RobertaProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101],
                                        "trim_offsets": True, "add_prefix_space": False}  # fmt: skip
         (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-        (folder / "tokenizer_config.json").unlink()
+        tokens = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]"}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, **tokens}
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
 

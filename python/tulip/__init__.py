@@ -75,9 +75,7 @@ class Client:
         ranked = sorted(enumerate(scores), key=lambda item: -item[1])
         return ranked[:top_n] if top_n is not None else ranked
 
-    def score(
-        self, pairs: Sequence[tuple[str, str]], *, truncate: bool = True, raw_scores: bool = False
-    ) -> np.ndarray:
+    def score(self, pairs: Sequence[tuple[str, str]], *, truncate: bool = True, raw_scores: bool = False) -> np.ndarray:
         """A score model's scores of (text, text) pairs: float32 [len(pairs)] for one label,
         [len(pairs), labels] for several (probabilities unless `raw_scores`)."""
         flat, labels = self._native.predict([(a, b) for a, b in pairs], truncate=truncate, raw_scores=raw_scores)

@@ -26,7 +26,7 @@ from rose.loading.weights import load_weights
 from rose.models import model_class
 from rose.models.pooling import pool
 from rose.runtime.buckets import parse_warmup, warmup_lengths
-from rose.serving import fidelity
+from rose.serving import fidelity, report
 from rose.serving.cuda_steps import CudaSteps
 from rose.serving.dtypes import dtype_name, resolve_device, resolve_dtype
 from rose.serving.fidelity import THRESHOLD
@@ -267,49 +267,12 @@ class Engine:
         return fidelity.stored_reference(key, lambda: self.reference(fixed, weights), shape)
 
     def stats(self) -> dict[str, Any]:
-        """The engine's live state, for /info: graphs, fidelity, and the GPU's idle share between
-        the steps finished since the last call."""
-        auto = self.attention if isinstance(self.attention, AutoBackend) else None
-        out: dict[str, Any] = {
-            "attention_backend": self.attention.name,
-            "attention_deferred": auto.deferred if auto else [],
-            "attention_importing": self.startup.importing,
-            "long_batches_pending": self.startup.long_pending,
-            "short_batches_pending": self.startup.short_pending,
-            "cuda_graphs": self.gpu.describe_graphs() if self.gpu else {"mode": "off"},
-            "fidelity": self.fidelity,
-            "startup_seconds": self.startup_seconds,
-            "fused_decoder": {
-                "requested": self.fused_decoder_requested,
-                **(self.decoder.describe() if self.decoder else {"kernel": None}),
-            },
-        }
-        if self.gpu is not None:
-            out["gpu_idle_fraction"] = self.gpu.timeline.take_idle_fraction()
-        return out
+        """The engine's live state, for /info (rose.serving.report)."""
+        return report.stats(self)
 
     def describe(self) -> dict[str, Any]:
-        """What the engine serves, as protos/tulip.proto's ModelInfo names it (Tulip reads this
-        dict into that message; a key it does not know is an error there)."""
-        return {
-            "model_id": self.model_dir.model_id,
-            "model_type": self.model_dir.model_type,
-            "model_path": str(self.model_dir.path),
-            "dtype": self.dtype_name,
-            "device": str(self.device),
-            "attention_backend": self.attention.name,
-            "pooling": self.pooling,
-            "dimensions": self.dimensions,
-            "max_input_length": self.max_input_length,
-            "vocab_size": self.vocab_size,
-            "max_batch_tokens": self.max_batch_tokens,
-            "max_batch_requests": self.max_batch_requests,
-            "normalize_by_default": self.model_dir.normalize and self.scoring is None,
-            "fused_decoder": self.decoder.name if self.decoder else "off",
-            "task": "score" if self.scoring else "embed",
-            "labels": self.scoring.labels if self.scoring else [],
-            "type_vocab_size": int(self.model_dir.config.get("type_vocab_size") or 1),
-        }
+        """What the engine serves, as protos/tulip.proto's ModelInfo names it (rose.serving.report)."""
+        return report.describe(self)
 
     def tokenization(self) -> tuple[bytes, str]:
         """tokenizer.json as published, and the template Ivy tokenizes by (JSON): the model's

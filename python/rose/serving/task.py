@@ -62,5 +62,8 @@ def resolve(
         names = model_dir.config.get("id2label") or {"0": "LABEL_0"}
         labels = [names[k] for k in sorted(names, key=int)]
         return Scoring(head, labels, family.score_pooling)
-    template = {**QWEN3_RERANKER_TEMPLATE, "default_instruction": instruction or QWEN3_RERANKER_TEMPLATE["default_instruction"]}
+    template = {
+        **QWEN3_RERANKER_TEMPLATE,
+        "default_instruction": instruction or QWEN3_RERANKER_TEMPLATE["default_instruction"],
+    }
     return Scoring(head, ["relevance"], family.score_pooling, template)
