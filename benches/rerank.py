@@ -57,6 +57,7 @@ def save(shape: str, folder: Path) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     model_type = config.pop("model_type")
+    config.pop("layer_types", None)  # per layer: re-made for the new depth
     new = AutoConfig.for_model(model_type, **{**config, **sizes})
     kind = AutoModelForCausalLM if family == "qwen3" else AutoModelForSequenceClassification
     model = kind.from_config(new)
