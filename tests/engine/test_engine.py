@@ -72,6 +72,31 @@ def test_bert_variants_match_transformers_fp32(tmp_path: Path, pooling: str, pre
     np.testing.assert_allclose(ours, expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_an_xlm_roberta_embedder_matches_transformers(tmp_path: Path, pooling: str) -> None:
+    """The bge-m3 / multilingual-e5 kind: XLMRobertaModel's encoder, positions after the padding id."""
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    torch.manual_seed(5)
+    config = XLMRobertaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                              vocab_size=30522, max_position_embeddings=514, type_vocab_size=1)  # fmt: skip
+    model = XLMRobertaModel(config).eval()
+    folder = tmp_path / "xlmr"
+    model.save_pretrained(folder)
+    (folder / "tokenizer.json").write_bytes((rose.default_model_path() / "tokenizer.json").read_bytes())
+    (folder / "1_Pooling").mkdir()
+    key = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}[pooling]
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({key: True}))
+    engine = rose.Engine(folder, device="cpu")
+    assert engine.max_input_length == 512 and engine.describe()["task"] == "embed"
+    sequences = [[101, 2023, 2003, 102], [101] + list(range(1000, 1500)) + [102], [7592]]
+    with torch.no_grad():
+        states = [model(input_ids=torch.tensor([s])).last_hidden_state[0] for s in sequences]
+    expected = np.stack([(h[0] if pooling == "cls" else h.mean(0)).numpy() for h in states])
+    assert cosines(engine.embed_ids(sequences), expected).min() >= 0.9999
+
+
 def test_fidelity_check_passes_the_mixed_path_and_refuses_a_diverging_one() -> None:
     engine = rose.Engine(device="cpu", dtype="mixed")
     assert engine.fidelity["worst_cosine"] >= 0.999 and not engine.fidelity["fallbacks"]
