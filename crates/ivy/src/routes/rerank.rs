@@ -132,24 +132,8 @@ pub(super) async fn cohere(
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let top_n = match request.top_n {
-        None => None,
-        Some(n) if n >= 1 => Some(n as usize),
-        Some(n) => {
-            return Err(IvyError::Validation(format!(
-                "`top_n` must be at least 1; got {n}"
-            )))
-        }
-    };
-    let max_tokens_per_doc = match request.max_tokens_per_doc {
-        None => None,
-        Some(n) if n >= 1 => Some(n as usize),
-        Some(n) => {
-            return Err(IvyError::Validation(format!(
-                "`max_tokens_per_doc` must be at least 1; got {n}"
-            )))
-        }
-    };
+    let top_n = at_least_one("top_n", request.top_n)?;
+    let max_tokens_per_doc = at_least_one("max_tokens_per_doc", request.max_tokens_per_doc)?;
     let call = RerankCall {
         query: request.query,
         documents: documents.clone(),
@@ -181,6 +165,16 @@ pub(super) async fn cohere(
         meta: serde_json::json!({"billed_units": {"search_units": 1}}),
     };
     Ok((timing_headers(&scored.timings), Json(body)))
+}
+
+/// An optional count that must be at least 1 when given.
+fn at_least_one(field: &str, value: Option<i64>) -> Result<Option<usize>, IvyError> {
+    match value {
+        Some(n) if n < 1 => Err(IvyError::Validation(format!(
+            "`{field}` must be at least 1; got {n}"
+        ))),
+        other => Ok(other.map(|n| n as usize)),
+    }
 }
 
 /// A request id that differs between calls (no cryptographic strength needed).
