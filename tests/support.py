@@ -358,3 +358,36 @@ def qwen3_reranker_scores(folder: Path, query: str, documents: list[str], instru
             logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
         scores.append(torch.sigmoid(logits[yes] - logits[no]).item())
     return np.array(scores)
+
+
+DECODER_FAMILIES = ("qwen2", "mistral", "llama")
+
+
+def save_decoder(folder: Path, family: str) -> Path:
+    """A random decoder embedder in Qwen3's tiny widths, saved as published (last-token pooling):
+    Qwen2Model (with its QKV biases), MistralModel or LlamaModel."""
+    from transformers import LlamaConfig, LlamaModel, MistralConfig, MistralModel, Qwen2Config, Qwen2Model
+
+    kinds = {
+        "qwen2": (Qwen2Config, Qwen2Model),
+        "mistral": (MistralConfig, MistralModel),
+        "llama": (LlamaConfig, LlamaModel),
+    }
+    config_class, model_class = kinds[family]
+    torch.manual_seed(6)
+    sizes = {k: v for k, v in QWEN3_SHAPES["tiny"].items()}
+    config = (
+        config_class(**sizes, rope_theta=1_000_000.0, sliding_window=None)
+        if family == "mistral"
+        else config_class(**sizes, rope_theta=1_000_000.0)
+    )
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)  # Qwen2's QKV biases: not zero, so that a dropped one shows
+    folder.mkdir(parents=True, exist_ok=True)
+    _finish(folder, model, "last", "", {})
+    return folder

@@ -78,3 +78,20 @@ def test_pooling_modes() -> None:
     torch.testing.assert_close(
         pool(hidden, batch, "mean"), torch.stack([hidden[0], hidden[1:4].mean(0), hidden[4:].mean(0)])
     )
+
+
+def test_max_and_weighted_mean_pooling_follow_sentence_transformers() -> None:
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    torch.manual_seed(0)
+    lengths = [3, 1, 5]
+    hidden = torch.randn(sum(lengths), 4)
+    batch = RaggedBatch.from_host([0] * sum(lengths), np.concatenate([[0], np.cumsum(lengths)]), CPU)
+    padded = torch.zeros(3, 5, 4)
+    mask = torch.zeros(3, 5)
+    for i, (start, n) in enumerate(zip(np.cumsum([0, *lengths[:-1]]), lengths, strict=True)):
+        padded[i, :n], mask[i, :n] = hidden[start : start + n], 1
+    for mode in ("max", "weightedmean"):
+        st = Pooling(4, pooling_mode=mode)
+        expected = st({"token_embeddings": padded, "attention_mask": mask})["sentence_embedding"]
+        torch.testing.assert_close(pool(hidden, batch, mode), expected)

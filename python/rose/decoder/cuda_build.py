@@ -76,7 +76,7 @@ def compile_kernel(
 
 
 def qwen3_sizes(config: dict[str, Any]) -> dict[str, Any]:
-    """The kernel's sizes of a Qwen3 config.json, read as rose.models.qwen3 reads them: hidden,
+    """The kernel's sizes of a Qwen3 config.json, read as rose.models.decoder_stack reads them: hidden,
     inter, heads, kv_heads, head_dim, layers and causal, compile_kernel's arguments."""
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     return dict(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-# Each layer tensor the kernels read: the attribute of rose.models.qwen3._Layer, then of its Linear.
+# Each layer tensor the kernels read: the attribute of rose.models.decoder_stack._Layer, then of its Linear.
 LAYER_TENSORS = {
     "input_norm": ("input_norm",),
     "qkv": ("qkv", "weight"),

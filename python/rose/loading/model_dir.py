@@ -10,14 +10,19 @@ from typing import Any
 
 from rose.errors import ModelError
 
-POOLING_MODES = ("mean", "cls", "last")
-"""The poolings rose.models.pooling computes."""
+POOLING_MODES = ("mean", "cls", "last", "max", "weightedmean")
+"""The poolings rose.models.pooling computes (sentence-transformers' Pooling modes)."""
+
+DECODER_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+"""The decoder families, which embed with their last token when the folder names no pooling."""
 
 # 1_Pooling/config.json keys, in the order sentence-transformers checks them.
 _POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_lasttoken": "last",
+    "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
 }
 
 
@@ -108,7 +113,7 @@ def _pooling(root: Path, modules: list[dict[str, Any]], config: dict[str, Any]) 
                 if pooling_config.get(key):
                     return mode
     # No sentence-transformers pooling: decoders embed with their last token, encoders with CLS.
-    return "last" if config.get("is_decoder") or "qwen" in config.get("model_type", "") else "cls"
+    return "last" if config.get("is_decoder") or config.get("model_type") in DECODER_TYPES else "cls"
 
 
 def _max_input_length(root: Path, config: dict[str, Any]) -> int:

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from rose.errors import ModelError
 from rose.models.bert import Bert
+from rose.models.llama import Llama
+from rose.models.qwen2 import Qwen2
 from rose.models.qwen3 import Qwen3
 from rose.models.xlm_roberta import XlmRoberta
 
 MODELS: dict[str, type] = {
     "bert": Bert,
     "qwen3": Qwen3,
+    "qwen2": Qwen2,
+    "llama": Llama,
+    "mistral": Llama,
     "xlm-roberta": XlmRoberta,
     "roberta": XlmRoberta,
 }

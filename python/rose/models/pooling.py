@@ -11,7 +11,8 @@ from rose.loading.model_dir import POOLING_MODES
 
 
 def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str) -> torch.Tensor:
-    """[tokens, hidden] -> [sequences, hidden] in float32, by `mode` (mean, cls or last)."""
+    """[tokens, hidden] -> [sequences, hidden] in float32, by `mode` (POOLING_MODES: mean, cls,
+    last, max, or weightedmean, sentence-transformers' weights of 1, 2, 3, ... by position)."""
     hidden = hidden.float()
     # Empty sequences (a CUDA graph bucket's padding) must not index out of range or divide by 0.
     last_token = hidden.shape[0] - 1
@@ -24,4 +25,15 @@ def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str) -> torch.Tensor:
         sums.index_add_(0, batch.seq_ids, hidden)
         counts = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).clamp(min=1).to(hidden.dtype)
         return sums / counts[:, None]
+    if mode == "max":
+        out = torch.zeros(batch.num_sequences, hidden.shape[1], device=hidden.device, dtype=hidden.dtype)
+        index = batch.seq_ids[:, None].expand_as(hidden)
+        return out.scatter_reduce_(0, index, hidden, "amax", include_self=False)
+    if mode == "weightedmean":
+        weights = (batch.positions + 1).to(hidden.dtype)
+        sums = torch.zeros(batch.num_sequences, hidden.shape[1], device=hidden.device, dtype=hidden.dtype)
+        sums.index_add_(0, batch.seq_ids, hidden * weights[:, None])
+        totals = torch.zeros(batch.num_sequences, device=hidden.device, dtype=hidden.dtype)
+        totals.index_add_(0, batch.seq_ids, weights)
+        return sums / totals.clamp(min=1)[:, None]
     raise ModelError(f"unknown pooling {mode!r}; use {', '.join(POOLING_MODES)}")

@@ -1,120 +1,29 @@
-"""The Qwen3 family as embedding models, over one packed ragged batch: the causal kind
-(Qwen3-Embedding: last-token pooling, instruction prompts) and the bidirectional kind of
-pplx-embed (`use_bidirectional_attention`, mean pooling)."""
+"""The Qwen3 family as embedding models over one packed ragged batch: the causal kind
+(Qwen3-Embedding: last-token pooling, instruction prompts), the bidirectional kind of pplx-embed
+(`use_bidirectional_attention`, mean pooling), and Qwen3-Reranker (a score head)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rose.attention import AttentionBackend, AttentionSpec
-from rose.batch import RaggedBatch
 from rose.decoder.base import DecoderWeights
 from rose.errors import ModelError
+from rose.models.decoder_stack import DecoderStack
 from rose.models.heads import RowScore
-from rose.models.layers import Linear, Weights
-from rose.ops import kernels
 
 
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor
-    qkv: Linear  # q, k and v projections fused at load time
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
-    o: Linear
-    post_norm: torch.Tensor
-    gate_up: Linear  # gate and up projections fused at load time
-    down: Linear
+class Qwen3(DecoderStack):
+    """Qwen3Model: the shared decoder stack with per-head QK-norm."""
 
-
-def rope_theta(config: dict) -> float:
-    """rope_theta at the top level of config.json, or inside rope_parameters (transformers 5)."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ModelError(f"RoPE scaling {rope_type!r} is not supported")
-    return float(config.get("rope_theta") or params.get("rope_theta") or 10000.0)
-
-
-class Qwen3:
-    """Qwen3Model's decoder stack: final-normed token states for every token of the batch."""
-
-    weight_prefixes = ("model.",)
+    qk_norm = True
     score_pooling = "last"
     """A causal reranker judges a pair at its last token."""
-
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        dtype: torch.dtype,
-        device: torch.device,
-        matmul_dtype: torch.dtype | None = None,
-    ) -> None:
-        self.hidden = config["hidden_size"]
-        self.eps = config.get("rms_norm_eps", 1e-6)
-        heads, kv_heads = (
-            config["num_attention_heads"],
-            config.get("num_key_value_heads", config["num_attention_heads"]),
-        )
-        head_dim = config.get("head_dim") or self.hidden // heads
-        causal = not config.get("use_bidirectional_attention", False)
-        self.attention_spec = AttentionSpec(heads, kv_heads, head_dim, causal=causal)
-        self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
-        self.rope = kernels.rope_cache(
-            head_dim, config.get("max_position_embeddings", 32768), rope_theta(config), device
-        )
-
-        w = Weights(weights, dtype, device, matmul_dtype or dtype)
-        linear = w.linear
-
-        self.embed_tokens = w("embed_tokens.weight")
-        self.norm = w("norm.weight")
-        self.layers = []
-        for i in range(config["num_hidden_layers"]):
-            p = f"layers.{i}"
-            self.layers.append(
-                _Layer(
-                    input_norm=w(f"{p}.input_layernorm.weight"),
-                    qkv=linear([f"{p}.self_attn.{n}_proj" for n in "qkv"]),
-                    q_norm=w(f"{p}.self_attn.q_norm.weight"),
-                    k_norm=w(f"{p}.self_attn.k_norm.weight"),
-                    o=linear([f"{p}.self_attn.o_proj"]),
-                    post_norm=w(f"{p}.post_attention_layernorm.weight"),
-                    gate_up=linear([f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"]),
-                    down=linear([f"{p}.mlp.down_proj"]),
-                )
-            )
 
     def decoder_weights(self) -> DecoderWeights:
         """What a fused decoder (rose.decoder) runs this model's single queries from."""
         return DecoderWeights(self.layers, self.embed_tokens, self.rope, self.norm, self.attention_spec, self.eps)
-
-    def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
-        """[tokens] ids -> [tokens, hidden] states after the final norm."""
-        spec = self.attention_spec
-        x = self.embed_tokens[batch.input_ids]
-        residual = x.clone()
-        h = kernels.rmsnorm(x, self.layers[0].input_norm, self.eps)
-        for i, layer in enumerate(self.layers):
-            if i > 0:
-                h = kernels.add_rmsnorm(x, residual, layer.input_norm, self.eps)
-            qkv = layer.qkv(h)
-            out = attention.norm_rope_attention(qkv, layer.q_norm, layer.k_norm, self.eps, self.rope)
-            if out is None:
-                q, k = kernels.qk_norm_rope(
-                    qkv, layer.q_norm, layer.k_norm, self.eps, batch.positions, self.rope, spec.num_heads,
-                    spec.num_kv_heads,
-                )  # fmt: skip
-                v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
-                out = attention(q, k, v)
-            x = layer.o(out.reshape(-1, self.q_size))
-            h = kernels.add_rmsnorm(x, residual, layer.post_norm, self.eps)
-            x = layer.down(kernels.silu_and_mul(layer.gate_up(h)))
-        return kernels.add_rmsnorm(x, residual, self.norm, self.eps)
 
     @staticmethod
     def score_head(weights: dict[str, torch.Tensor], tokenizer: Any) -> RowScore:

@@ -88,7 +88,9 @@ class Engine:
         marks.append(time.perf_counter())
         self.model = self._build(weights, self.dtype, self.matmul_dtype)
         decoder_weights = getattr(self.model, "decoder_weights", None)
-        self.decoder = build_decoder(fused_decoder, decoder_weights() if decoder_weights else None, self.device)
+        # The CUDA kernel pools mean, cls and last in its tail; other poolings take the layer-by-layer path.
+        requested = fused_decoder if self.pooling in ("mean", "cls", "last") else "off"
+        self.decoder = build_decoder(requested, decoder_weights() if decoder_weights else None, self.device)
         marks.append(time.perf_counter())
         self.attention = self._attention(attention_backend, defer_attention)
         self.gpu: CudaSteps | None = None
