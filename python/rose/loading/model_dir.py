@@ -26,6 +26,9 @@ _POOLING_KEYS = {
 }
 
 
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+"""The sentence-transformers modules a folder's modules.json may list (by the type's last name)."""
+
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
@@ -58,6 +61,8 @@ class ModelDir:
     max_input_length: int
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    dense: list[Path] = field(default_factory=list)
+    """The folders of the sentence-transformers Dense modules after pooling, in order."""
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> ModelDir:
@@ -67,6 +72,13 @@ class ModelDir:
             raise ModelError(f"{root} is not a model folder: it has no config.json")
         config = _read_json(root / "config.json")
         modules = _read_json(root / "modules.json") or []
+        kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+        unsupported = [m.get("type") for m, kind in zip(modules, kinds, strict=True) if kind not in SUPPORTED_MODULES]
+        if unsupported:
+            raise ModelError(
+                f"{root} uses the sentence-transformers module {unsupported[0]}, which is not supported; "
+                f"supported: {', '.join(SUPPORTED_MODULES)}"
+            )
         st_config = _read_json(root / "config_sentence_transformers.json") or {}
         max_length = _max_input_length(root, config)
         return cls(
@@ -74,10 +86,11 @@ class ModelDir:
             model_id=DEFAULT_MODEL_ID if path is None else root.name,
             config=config,
             pooling=_pooling(root, modules, config),
-            normalize=any(m.get("type", "").endswith("Normalize") for m in modules),
+            normalize="Normalize" in kinds,
             max_input_length=max_length,
             prompts=dict(st_config.get("prompts") or {}),
             default_prompt_name=st_config.get("default_prompt_name"),
+            dense=[root / m["path"] for m, kind in zip(modules, kinds, strict=True) if kind == "Dense"],
         )
 
     @property
@@ -108,10 +121,20 @@ def _pooling(root: Path, modules: list[dict[str, Any]], config: dict[str, Any]) 
     candidates = [root / d / "config.json" for d in pooling_dirs] + [root / "1_Pooling" / "config.json"]
     for candidate in candidates:
         pooling_config = _read_json(candidate)
-        if pooling_config:
-            for key, mode in _POOLING_KEYS.items():
-                if pooling_config.get(key):
-                    return mode
+        if not pooling_config:
+            continue
+        # sentence-transformers 6 writes one name ("mean", "lasttoken", ...), earlier versions a flag each.
+        named = pooling_config.get("pooling_mode")
+        if isinstance(named, str):
+            mode = {"lasttoken": "last"}.get(named, named)
+            if mode not in POOLING_MODES:
+                raise ModelError(
+                    f"{candidate}: pooling {named!r} is not supported; supported: {', '.join(POOLING_MODES)}"
+                )
+            return mode
+        for key, mode in _POOLING_KEYS.items():
+            if pooling_config.get(key):
+                return mode
     # No sentence-transformers pooling: decoders embed with their last token, encoders with CLS.
     return "last" if config.get("is_decoder") or config.get("model_type") in DECODER_TYPES else "cls"
 

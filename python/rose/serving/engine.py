@@ -24,6 +24,7 @@ from rose.loading import prestart
 from rose.loading.model_dir import POOLING_MODES, ModelDir
 from rose.loading.weights import load_weights
 from rose.models import model_class
+from rose.models.dense import DenseModules
 from rose.models.pooling import pool
 from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.serving import fidelity, report
@@ -85,6 +86,9 @@ class Engine:
         self.scoring = resolve_task(task, self.model_dir, self._family, weights, default_instruction)
         if self.scoring is not None:
             self.pooling = self.scoring.pooling
+        self.dense = DenseModules(self.model_dir.dense, self.device) if self.model_dir.dense else None
+        # What runs after the pooled states, outside the graphs: a score head, or Dense modules.
+        self._head = self.scoring.head if self.scoring else self.dense
         marks.append(time.perf_counter())
         self.model = self._build(weights, self.dtype, self.matmul_dtype)
         decoder_weights = getattr(self.model, "decoder_weights", None)
@@ -167,8 +171,10 @@ class Engine:
 
     @property
     def dimensions(self) -> int:
-        """Values a row of step(): the hidden size, or a score model's labels."""
-        return len(self.scoring.labels) if self.scoring else int(self.model_dir.config["hidden_size"])
+        """Values a row of step(): the hidden size (the last Dense module's), or a score model's labels."""
+        if self.scoring:
+            return len(self.scoring.labels)
+        return self.dense.out_features if self.dense else int(self.model_dir.config["hidden_size"])
 
     @property
     def vocab_size(self) -> int:
@@ -194,7 +200,7 @@ class Engine:
         normalization, quantization, sigmoid) is left to the caller, since requests packed
         together want different shapes. On the GPU, call it with the stream that was current when
         the engine was made."""
-        return self._step(input_ids, cu_seqlens, token_type_ids, self.scoring.head if self.scoring else None)
+        return self._step(input_ids, cu_seqlens, token_type_ids, self._head)
 
     @torch.inference_mode()
     def _step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any) -> LazyTensor:
@@ -221,7 +227,7 @@ class Engine:
         """step()'s rows of token-id sequences (lists or int32 arrays; `states`: a score model's
         pooled states, not its logits), a step a batch as the caller packed them, each step
         enqueued before the previous one is waited for."""
-        head = self.scoring.head if self.scoring and not states else None
+        head = None if states else self._head
         out, pending = [], None
         for sequences in batches:
             lengths = np.array([len(s) for s in sequences], dtype=np.int32)
