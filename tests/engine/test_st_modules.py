@@ -35,6 +35,7 @@ def test_dense_modules_and_normalize_follow_sentence_transformers(tmp_path: Path
     engine = rose.Engine(folder, device="cpu")
     assert engine.dimensions == 48 and engine.describe()["dimensions"] == 48
     assert engine.describe()["normalize_by_default"]
+    assert engine.describe()["modules"] == ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
     texts = varied_texts(60)
     expected = SentenceTransformer(str(folder), device="cpu").encode(texts)
     assert cosines(encode(engine, texts), expected).min() >= 0.9999

@@ -63,6 +63,8 @@ class ModelDir:
     default_prompt_name: str | None = None
     dense: list[Path] = field(default_factory=list)
     """The folders of the sentence-transformers Dense modules after pooling, in order."""
+    modules: list[str] = field(default_factory=list)
+    """The sentence-transformers modules of modules.json, by kind, in order (empty without one)."""
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> ModelDir:
@@ -91,6 +93,7 @@ class ModelDir:
             prompts=dict(st_config.get("prompts") or {}),
             default_prompt_name=st_config.get("default_prompt_name"),
             dense=[root / m["path"] for m, kind in zip(modules, kinds, strict=True) if kind == "Dense"],
+            modules=kinds,
         )
 
     @property

@@ -119,10 +119,11 @@ class Engine:
             k: round(b - a, 3) for k, a, b in zip(STARTUP_PHASES, marks[:-1], marks[1:], strict=True)
         }
         log.info(
-            "ROSE serves %s (%s) on %s in %s with %s attention, %s pooling, fused decoder %s and CUDA graphs %s; "
+            "ROSE serves %s (%s%s) on %s in %s with %s attention, %s pooling, fused decoder %s and CUDA graphs %s; "
             "start-up %s",
             self.model_dir.model_id,
             self.model_dir.model_type,
+            f"; modules {', '.join(self.model_dir.modules)}" if self.model_dir.modules else "",
             self.device,
             self.dtype_name,
             self.attention.name,

@@ -55,4 +55,5 @@ def describe(engine: Engine) -> dict[str, Any]:
         "task": "score" if engine.scoring else "embed",
         "labels": engine.scoring.labels if engine.scoring else [],
         "type_vocab_size": int(engine.model_dir.config.get("type_vocab_size") or 1),
+        "modules": engine.model_dir.modules,
     }
