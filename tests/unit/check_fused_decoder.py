@@ -18,7 +18,7 @@ from rose.models.pooling import pool
 from rose.models.qwen3 import Qwen3
 
 torch.manual_seed(0)
-# float16: the interpreter computes bfloat16 dot products wrong (tests/triton_check.py).
+# float16: the interpreter computes bfloat16 dot products wrong (tests/unit/check_triton_kernels.py).
 config = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
               intermediate_size=192, vocab_size=100, max_position_embeddings=128, rms_norm_eps=1e-6)  # fmt: skip
 cpu = torch.device("cpu")

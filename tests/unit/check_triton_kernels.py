@@ -1,4 +1,4 @@
-"""Run with TRITON_INTERPRET=1 (tests/test_triton_kernels.py does): ROSE's Triton kernels against
+"""Run with TRITON_INTERPRET=1 (tests/unit/test_triton_kernels.py does): ROSE's Triton kernels against
 the torch reference of rose.ops.kernels, on the CPU through Triton's interpreter."""
 
 import numpy as np
