@@ -231,3 +231,20 @@ def test_help_lists_every_engine_flag_with_its_variable() -> None:
     out = subprocess.run(["ivy-serve", "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
     assert "--fused-decoder <FUSED_DECODER>" in out and "[env: FUSED_DECODER=]" in out
     assert "[possible values: auto, cuda, triton, off]" in out
+
+
+def test_decode_turns_token_ids_back_into_text(server: Server) -> None:
+    ids = post(server, "/tokenize", {"inputs": "Hello, world!"}).json()[0]
+    one = [t["id"] for t in ids]
+    assert post(server, "/decode", {"ids": one}).json() == "hello, world!"
+    assert post(server, "/decode", {"ids": [one], "skip_special_tokens": False}).json() == ["[CLS] hello, world! [SEP]"]
+    bad = post(server, "/decode", {"ids": [1, 99999]})
+    assert bad.status_code == 422 and "token id 99999" in bad.json()["error"]
+
+
+def test_every_answer_says_what_it_computed_and_where_its_time_went(server: Server) -> None:
+    text = "Where did the time go?"
+    headers = post(server, "/embed", {"inputs": [text, "é"]}).headers
+    assert int(headers["x-compute-characters"]) == len(text) + 1 and int(headers["x-compute-tokens"]) > 2
+    parts = [float(headers[f"x-{p}-time"]) for p in ("tokenization", "queue", "inference")]
+    assert float(headers["x-total-time"]) >= float(headers["x-compute-time"]) >= max(parts)

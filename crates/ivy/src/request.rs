@@ -34,7 +34,8 @@ pub struct Embedded {
     pub timings: Timings,
 }
 
-/// Where a request's time went (its slowest chunk's, for the parts in Tulip).
+/// Where a request's time went (its slowest chunk's, for the parts in Tulip), and what it
+/// computed: TEI's timing and compute headers.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Timings {
     pub tokenization: Duration,
@@ -43,6 +44,9 @@ pub struct Timings {
     /// gRPC and (de)serialization between Ivy and Tulip.
     pub transfer: Duration,
     pub total: Duration,
+    /// Tokens the engine ran, and characters of text the request sent.
+    pub tokens: usize,
+    pub characters: usize,
 }
 
 impl Gateway {
@@ -54,6 +58,12 @@ impl Gateway {
         self.check_batch_size(call.inputs.len())?;
         let dimensions = self.check_dimensions(call.dimensions)?;
         let prompt: Arc<str> = self.prompt(call.prompt_name.as_deref())?.into();
+        let characters = (call.inputs.iter())
+            .map(|input| match input {
+                Input::Text(text) => text.chars().count(),
+                Input::Ids(_) => 0,
+            })
+            .sum();
         let text_bytes: usize = (call.inputs.iter())
             .map(|input| match input {
                 Input::Text(text) => prompt.len() + text.len(),
@@ -91,6 +101,8 @@ impl Gateway {
                 inference: chunk.inference,
                 transfer: chunk.transfer,
                 total: start.elapsed(),
+                tokens,
+                characters,
             },
         };
         crate::metrics::record_embedding(route, sequences.len(), &embedded);

@@ -67,6 +67,12 @@ impl Gateway {
     async fn score_pairs(&self, route: &'static str, call: RerankCall) -> Result<Scores, IvyError> {
         let start = Instant::now();
         let _permit = self.admit()?;
+        let characters = call.query.chars().count() * call.documents.len()
+            + call
+                .documents
+                .iter()
+                .map(|d| d.chars().count())
+                .sum::<usize>();
         let bytes: usize = call.query.len() * call.documents.len()
             + call.documents.iter().map(String::len).sum::<usize>();
         let options = Arc::new(PairOptions {
@@ -85,13 +91,14 @@ impl Gateway {
         .await?;
         let tokenization = start.elapsed();
         let tokens = pairs.iter().map(|e| e.ids.len()).sum();
-        let (scores, labels, timings) = self.score_encoded(pairs, call.raw_scores).await?;
+        let (scores, labels, mut timings) = self.score_encoded(pairs, call.raw_scores).await?;
         if labels != 1 {
             return Err(IvyError::Unsupported(format!(
                 "{} scores {labels} labels; reranking needs one (use /predict)",
                 self.model().model_id
             )));
         }
+        timings.characters = characters;
         Ok(self.finish(route, scores, tokens, tokenization, timings, start))
     }
 
@@ -106,6 +113,9 @@ impl Gateway {
         let _permit = self.admit()?;
         self.require_task("score")?;
         self.check_batch_size(inputs.len())?;
+        let characters = (inputs.iter())
+            .map(|(a, b)| a.chars().count() + b.as_deref().map_or(0, |b| b.chars().count()))
+            .sum();
         let truncate = truncate.unwrap_or(self.args().auto_truncate);
         let single = Arc::new(EncodeOptions {
             prompt: "".into(),
@@ -141,6 +151,8 @@ impl Gateway {
         let (scores, labels, mut timings) = self.score_encoded(encoded, raw_scores).await?;
         timings.tokenization = tokenization;
         timings.total = start.elapsed();
+        timings.tokens = tokens;
+        timings.characters = characters;
         Ok((scores, labels, tokens, timings))
     }
 
@@ -242,6 +254,7 @@ impl Gateway {
     ) -> Scores {
         timings.tokenization = tokenization;
         timings.total = start.elapsed();
+        timings.tokens = tokens;
         metrics::counter!("ivy_requests_total", "route" => route).increment(1);
         metrics::counter!("ivy_input_tokens_total").increment(tokens as u64);
         Scores {

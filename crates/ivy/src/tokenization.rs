@@ -203,6 +203,22 @@ impl TokenizerPool {
         })
     }
 
+    /// The texts of token-id sequences (special tokens left out with `skip_special_tokens`).
+    pub fn decode(
+        &self,
+        sequences: &[Vec<u32>],
+        skip_special_tokens: bool,
+    ) -> Result<Vec<String>, IvyError> {
+        self.inline(|worker| {
+            (sequences.iter())
+                .map(|ids| {
+                    (worker.tokenizer.decode(ids, skip_special_tokens))
+                        .map_err(|e| IvyError::Tokenizer(e.to_string()))
+                })
+                .collect()
+        })
+    }
+
     /// Tokens of `options.prompt + text`, with their text and offsets.
     pub async fn tokenize(
         &self,
@@ -668,6 +684,19 @@ mod tests {
             .encode_pair(0, "b c d e".into(), options(false))
             .await
             .is_err());
+    }
+
+    #[test]
+    fn decodes_ids_with_or_without_special_tokens() {
+        let mut with_specials = tokenizer();
+        let specials = ["[CLS]", "[SEP]"].map(|t| tokenizers::AddedToken::from(t, true));
+        with_specials.add_special_tokens(&specials);
+        let pool = TokenizerPool::new(with_specials, 1, 16);
+        assert_eq!(pool.decode(&[vec![1, 4, 5, 2]], true).unwrap(), ["a b"]);
+        assert_eq!(
+            pool.decode(&[vec![1, 4, 2], vec![6]], false).unwrap(),
+            ["[CLS] a [SEP]", "c"]
+        );
     }
 
     #[tokio::test]

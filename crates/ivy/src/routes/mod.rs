@@ -23,6 +23,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/embed", post(tei::embed))
         .route("/tokenize", post(tei::tokenize))
+        .route("/decode", post(tei::decode))
         .route("/similarity", post(tei::similarity))
         .route("/predict", post(tei::predict))
         .route("/rerank", post(rerank::tei))

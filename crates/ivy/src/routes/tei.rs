@@ -1,5 +1,5 @@
-//! The text-embeddings-inference-compatible API: POST /embed, /tokenize, /similarity, /predict
-//! (its /rerank is in rerank.rs).
+//! The text-embeddings-inference-compatible API: POST /embed, /tokenize, /decode, /similarity,
+//! /predict (its /rerank is in rerank.rs).
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use futures::future::try_join_all;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokenizers::TruncationDirection;
 use tulip::proto::Encoding;
 
@@ -101,6 +101,47 @@ pub(super) async fn tokenize(
     )
     .await?;
     Ok(Json(tokens))
+}
+
+#[derive(Deserialize)]
+pub(super) struct DecodeRequest {
+    #[serde(default)]
+    ids: Value,
+    #[serde(default = "yes")]
+    skip_special_tokens: bool,
+}
+
+/// TEI's `/decode`: token ids (a list, or a list of lists) to text (a string, or a list).
+pub(super) async fn decode(
+    State(gateway): State<Gateway>,
+    JsonBody(request): JsonBody<DecodeRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    let _permit = gateway.admit()?;
+    let inputs = parse_inputs(&request.ids, "ids")?;
+    let single = matches!(&request.ids, Value::Array(items) if items.iter().all(Value::is_number));
+    let vocab = gateway.model().vocab_size;
+    let sequences = (inputs.into_iter().enumerate())
+        .map(|(i, input)| match input {
+            Input::Ids(ids) => match ids.iter().find(|&&id| id >= vocab) {
+                Some(id) => Err(IvyError::Validation(format!(
+                    "`ids[{i}]` has token id {id}, outside the model's vocabulary of {vocab}"
+                ))),
+                None => Ok(ids),
+            },
+            Input::Text(_) => Err(IvyError::Validation(format!(
+                "`ids[{i}]` must be token ids, not text"
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    gateway.check_batch_size(sequences.len())?;
+    let texts = gateway
+        .tokenizer()
+        .decode(&sequences, request.skip_special_tokens)?;
+    Ok(Json(if single {
+        json!(texts[0])
+    } else {
+        json!(texts)
+    }))
 }
 
 pub(super) fn direction(value: Option<&str>) -> Result<TruncationDirection, IvyError> {
