@@ -375,12 +375,8 @@ def save_decoder(folder: Path, family: str) -> Path:
     }
     config_class, model_class = kinds[family]
     torch.manual_seed(6)
-    sizes = {k: v for k, v in QWEN3_SHAPES["tiny"].items()}
-    config = (
-        config_class(**sizes, rope_theta=1_000_000.0, sliding_window=None)
-        if family == "mistral"
-        else config_class(**sizes, rope_theta=1_000_000.0)
-    )
+    extra = {"sliding_window": None} if family == "mistral" else {}
+    config = config_class(**QWEN3_SHAPES["tiny"], rope_theta=1_000_000.0, **extra)
     model = model_class(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

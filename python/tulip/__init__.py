@@ -69,11 +69,9 @@ class Client:
         """The documents ranked against `query`, best first: (index, score) for the first
         `top_n` (all by default). A score model (cross-encoder, Qwen3-Reranker) scores each pair,
         the sigmoid of its logit unless `raw_scores`; an embedding model answers cosines."""
-        scores = self._native.rerank_scores(
-            query, list(documents), instruction=instruction, truncate=truncate, raw_scores=raw_scores
+        return self._native.rerank(
+            query, list(documents), top_n=top_n, instruction=instruction, truncate=truncate, raw_scores=raw_scores
         )
-        ranked = sorted(enumerate(scores), key=lambda item: -item[1])
-        return ranked[:top_n] if top_n is not None else ranked
 
     def score(self, pairs: Sequence[tuple[str, str]], *, truncate: bool = True, raw_scores: bool = False) -> np.ndarray:
         """A score model's scores of (text, text) pairs: float32 [len(pairs)] for one label,

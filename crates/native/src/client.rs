@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ivy::input::Input;
 use ivy::request::EmbedCall;
-use ivy::score::RerankCall;
+use ivy::score::{rank, RerankCall};
 use ivy::tokenization::TruncationDirection;
 use ivy::{Gateway, IvyArgs, IvyError};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
@@ -120,20 +120,22 @@ impl GatewayClient {
         Ok((PyBytes::new(py, &v.data), v.count, v.dimensions))
     }
 
-    /// One value a document against `query`, in the documents' order: a score model's
-    /// probability (or logit with `raw_scores`), an embedding model's cosine.
-    #[pyo3(signature = (query, documents, *, instruction = None, truncate = true, raw_scores = false, max_tokens_per_doc = None))]
+    /// The documents ranked against `query`, best first (Ivy's `score::rank`): (index, score) for
+    /// the first `top_n`; a score model's probability (or logit with `raw_scores`), an embedding
+    /// model's cosine.
+    #[pyo3(signature = (query, documents, *, top_n = None, instruction = None, truncate = true, raw_scores = false, max_tokens_per_doc = None))]
     #[allow(clippy::too_many_arguments)]
-    fn rerank_scores(
+    fn rerank(
         &self,
         py: Python<'_>,
         query: String,
         documents: Vec<String>,
+        top_n: Option<usize>,
         instruction: Option<String>,
         truncate: bool,
         raw_scores: bool,
         max_tokens_per_doc: Option<usize>,
-    ) -> PyResult<Vec<f32>> {
+    ) -> PyResult<Vec<(usize, f32)>> {
         let call = RerankCall {
             query,
             documents,
@@ -145,7 +147,7 @@ impl GatewayClient {
         let scored = py
             .detach(|| self.runtime.block_on(self.gateway.rerank("python", call)))
             .map_err(to_py)?;
-        Ok(scored.scores)
+        Ok(rank(&scored.scores, top_n))
     }
 
     /// Scores of texts or (text, text) pairs, `labels` values each: (flat scores, labels).

@@ -85,8 +85,10 @@ class DeviceInputs:
             types = self._types_staging.numpy()
             types[:real_tokens] = token_type_ids
             types[real_tokens:tokens] = 0
-            self._driver.copy_to_device(self._types.data_ptr(), self._types_staging.data_ptr(), tokens * 4,
-                                        self._stream_handle)  # fmt: skip
+            size = tokens * self._types.element_size()
+            self._driver.copy_to_device(
+                self._types.data_ptr(), self._types_staging.data_ptr(), size, self._stream_handle
+            )
             batch.token_type_ids = self._types[:tokens]
         return batch
 
