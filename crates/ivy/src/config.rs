@@ -2,49 +2,50 @@
 //! text-embeddings-inference where it has the same flag.
 
 use clap::Args;
+use tulip::config::heading;
 
 /// Flags of the Ivy HTTP gateway.
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Ivy (HTTP gateway)")]
 pub struct IvyArgs {
     /// HTTP port.
-    #[arg(long, env = "PORT", default_value_t = 3000)]
+    #[arg(long, env = "PORT", default_value_t = 3000, help_heading = heading::SERVING)]
     pub port: u16,
 
     /// Address to listen on (0.0.0.0 for every interface).
-    #[arg(long, env = "IVY_HOSTNAME", default_value = "0.0.0.0")]
+    #[arg(long, env = "IVY_HOSTNAME", default_value = "0.0.0.0", help_heading = heading::SERVING)]
     pub hostname: String,
 
     /// Most inputs in one client request.
-    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 2048)]
+    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 2048, help_heading = heading::LIMITS)]
     pub max_client_batch_size: usize,
 
     /// Most requests handled at once; more are answered 429.
-    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512)]
+    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512, help_heading = heading::LIMITS)]
     pub max_concurrent_requests: usize,
 
     /// Largest request body in bytes.
-    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
+    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000, help_heading = heading::LIMITS)]
     pub payload_limit: usize,
 
     /// Truncate inputs longer than the model's limit instead of rejecting them, unless a request
     /// says otherwise.
-    #[arg(long, env = "AUTO_TRUNCATE", default_value_t = false)]
+    #[arg(long, env = "AUTO_TRUNCATE", default_value_t = false, help_heading = heading::LIMITS)]
     pub auto_truncate: bool,
 
     /// Tokenization threads (default: one per CPU core).
-    #[arg(long, env = "TOKENIZATION_WORKERS")]
+    #[arg(long, env = "TOKENIZATION_WORKERS", help_heading = heading::SERVING)]
     pub tokenization_workers: Option<usize>,
 
     /// Prompt (from the model's sentence-transformers config) applied when a request names none.
-    #[arg(long, env = "DEFAULT_PROMPT_NAME")]
+    #[arg(long, env = "DEFAULT_PROMPT_NAME", help_heading = heading::MODEL)]
     pub default_prompt_name: Option<String>,
 
     /// Tulip servers to use instead of starting one in-process (repeat or comma-separate).
     #[arg(
         long = "tulip-endpoint",
         env = "TULIP_ENDPOINTS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        help_heading = heading::SCALING
     )]
     pub tulip_endpoints: Vec<String>,
 }

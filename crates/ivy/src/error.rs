@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
 use tonic::Code;
 use tulip::TulipError;
 
@@ -57,15 +57,25 @@ impl IvyError {
     }
 }
 
+/// The body of every error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What is wrong, naming the field or limit.
+    pub error: String,
+    /// The kind: validation, tokenizer, invalid_json, unsupported_media_type, payload_too_large,
+    /// overloaded, unsupported, unhealthy, not_found or engine.
+    pub error_type: &'static str,
+}
+
 impl IntoResponse for IvyError {
     fn into_response(self) -> Response {
         let (status, error_type) = self.status_and_type();
         metrics::counter!("ivy_errors_total", "error_type" => error_type).increment(1);
-        (
-            status,
-            Json(json!({ "error": self.to_string(), "error_type": error_type })),
-        )
-            .into_response()
+        let body = ErrorBody {
+            error: self.to_string(),
+            error_type,
+        };
+        (status, Json(body)).into_response()
     }
 }
 

@@ -14,11 +14,13 @@ use crate::gateway::{EarlyTokenizer, Gateway};
 const CONNECT_PATIENCE: Duration = Duration::from_secs(300);
 
 /// Serves the HTTP API on `--hostname:--port` over the Tulip `replicas` until `shutdown`;
-/// `early`: the model's tokenizer, already being read (see [`EarlyTokenizer`]).
+/// `early`: the model's tokenizer, already being read (see [`EarlyTokenizer`]); `grpc`: where this
+/// process's own Tulip listens, if it runs one (for the start-up table).
 pub async fn run(
     args: IvyArgs,
     replicas: Vec<TulipClient>,
     early: Option<EarlyTokenizer>,
+    grpc: Option<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), IvyError> {
     let addr = format!("{}:{}", args.hostname, args.port);
@@ -27,14 +29,20 @@ pub async fn run(
         .map_err(|e| IvyError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
     let metrics = crate::metrics::install();
     let gateway = Gateway::connect(args, replicas, CONNECT_PATIENCE, metrics, early).await?;
-    let model = gateway.model();
-    tracing::info!(
-        "Ivy listens on http://{addr} serving {} ({} on {}, {} attention)",
-        model.model_id,
-        model.dtype,
-        model.device,
-        model.attention_backend
-    );
+    let engine = gateway
+        .replicas()
+        .info()
+        .await
+        .ok()
+        .and_then(|info| serde_json::from_str(&info.engine_json).ok())
+        .unwrap_or_default();
+    let tulips = match grpc {
+        Some(grpc) => format!("in this process; gRPC on {grpc}"),
+        None => gateway.args().tulip_endpoints.join(", "),
+    };
+    let endpoints = [("http", format!("http://{addr}")), ("tulip", tulips)];
+    let table = crate::startup::table(gateway.model(), &engine, &endpoints);
+    tracing::info!("Ivy serves:\n{table}");
     // Without TCP_NODELAY a response written in two parts can wait for the client's delayed ACK.
     let listener = listener.tap_io(|tcp| {
         if let Err(err) = tcp.set_nodelay(true) {

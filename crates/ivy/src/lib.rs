@@ -15,6 +15,7 @@ pub mod replicas;
 pub mod request;
 pub mod routes;
 pub mod score;
+pub mod startup;
 pub mod template;
 pub mod tokenization;
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::request::Embedded;
+use crate::request::Timings;
 
 const SECONDS: &[f64] = &[
     0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
@@ -26,19 +26,22 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
-/// Records where one embedding request's time went.
-pub fn record_embedding(route: &'static str, inputs: usize, embedded: &Embedded) {
-    let t = &embedded.timings;
+/// Records one answered request: where its time went (the numbers of its timing headers) and
+/// what it computed.
+pub fn record(route: &'static str, inputs: usize, t: &Timings) {
     metrics::counter!("ivy_requests_total", "route" => route).increment(1);
     metrics::counter!("ivy_inputs_total").increment(inputs as u64);
-    metrics::counter!("ivy_input_tokens_total").increment(embedded.tokens as u64);
-    let parts: [(&'static str, Duration); 4] = [
+    metrics::counter!("ivy_input_tokens_total").increment(t.tokens as u64);
+    metrics::counter!("ivy_input_characters_total").increment(t.characters as u64);
+    let parts: [(&'static str, Duration); 6] = [
+        ("ivy_total_duration_seconds", t.total),
+        ("ivy_compute_duration_seconds", t.compute()),
         ("ivy_tokenization_duration_seconds", t.tokenization),
         ("ivy_queue_duration_seconds", t.queue),
         ("ivy_inference_duration_seconds", t.inference),
         ("ivy_transfer_duration_seconds", t.transfer),
     ];
     for (name, time) in parts {
-        metrics::histogram!(name).record(time.as_secs_f64());
+        metrics::histogram!(name, "route" => route).record(time.as_secs_f64());
     }
 }

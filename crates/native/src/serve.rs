@@ -1,12 +1,13 @@
 //! `ivy-serve` and `tulip-serve`: parse flags, load ROSE under Tulip, serve until a signal.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, Parser};
 use ivy::{EarlyTokenizer, IvyArgs};
 use pyo3::prelude::*;
 use tokio::sync::watch;
+use tulip::config::heading;
 use tulip::{Scheduler, TulipArgs, TulipClient};
 
 use crate::engine::{EngineArgs, Rose};
@@ -21,6 +22,8 @@ struct IvyServe {
     ivy: IvyArgs,
     #[command(flatten)]
     tulip: TulipArgs,
+    #[command(flatten)]
+    logs: Logs,
 }
 
 /// Tulip and ROSE alone: the gRPC inference server that `ivy-serve --tulip-endpoint` uses.
@@ -33,12 +36,22 @@ struct TulipServe {
     tulip: TulipArgs,
     #[command(flatten)]
     listen: Listen,
+    #[command(flatten)]
+    logs: Logs,
+}
+
+/// How the process logs (both commands).
+#[derive(Debug, Args)]
+struct Logs {
+    /// Log JSON lines (one object a line) instead of text, for log collectors.
+    #[arg(long, env = "JSON_OUTPUT", help_heading = heading::OBSERVABILITY)]
+    json_output: bool,
 }
 
 #[derive(Debug, Args)]
 struct Listen {
     /// Address to listen on (0.0.0.0 for every interface).
-    #[arg(long, env = "IVY_HOSTNAME", default_value = "0.0.0.0")]
+    #[arg(long, env = "IVY_HOSTNAME", default_value = "0.0.0.0", help_heading = heading::SERVING)]
     hostname: String,
 }
 
@@ -49,7 +62,7 @@ pub fn serve_ivy(py: Python<'_>, argv: Vec<String>) -> i32 {
     match IvyServe::try_parse_from(&argv) {
         Ok(a) => {
             let hostname = a.ivy.hostname.clone();
-            serve(py, a.engine, a.tulip, Some(a.ivy), hostname)
+            serve(py, a.engine, a.tulip, Some(a.ivy), hostname, &a.logs)
         }
         Err(err) => usage(err),
     }
@@ -59,7 +72,7 @@ pub fn serve_ivy(py: Python<'_>, argv: Vec<String>) -> i32 {
 #[pyfunction]
 pub fn serve_tulip(py: Python<'_>, argv: Vec<String>) -> i32 {
     match TulipServe::try_parse_from(&argv) {
-        Ok(a) => serve(py, a.engine, a.tulip, None, a.listen.hostname),
+        Ok(a) => serve(py, a.engine, a.tulip, None, a.listen.hostname, &a.logs),
         Err(err) => usage(err),
     }
 }
@@ -72,16 +85,36 @@ fn usage(err: clap::Error) -> i32 {
 
 fn serve(
     py: Python<'_>,
-    engine: EngineArgs,
+    mut engine: EngineArgs,
     tulip: TulipArgs,
     ivy: Option<IvyArgs>,
     hostname: String,
+    logs: &Logs,
 ) -> i32 {
-    init_logging();
-    let tokenizer = ivy
+    init_logging(logs.json_output);
+    let python_logs = py
+        .import("tulip.serve")
+        .and_then(|m| m.call_method1("configure_logging", (logs.json_output,)));
+    if let Err(err) = python_logs {
+        tracing::warn!("cannot configure Python's logging: {err}");
+    }
+    let local = ivy
         .as_ref()
-        .filter(|ivy| ivy.tulip_endpoints.is_empty())
-        .and_then(|_| tokenizer_path(py, engine.model.as_deref()));
+        .is_none_or(|ivy| ivy.tulip_endpoints.is_empty());
+    let mut tokenizer = None;
+    if local {
+        // A hub id is fetched (or found in the cache) once, here; everything after reads the folder.
+        match model_root(py, &engine) {
+            Ok(root) => {
+                tokenizer = Some(root.join("tokenizer.json"));
+                engine.model = engine.model.is_some().then(|| root.display().to_string());
+            }
+            Err(why) => {
+                tracing::error!("{why}");
+                return 1;
+            }
+        }
+    }
     // Everything below runs without the GIL: the engine thread takes it when it calls ROSE.
     let result = py.detach(|| run(engine, tulip, ivy, hostname, tokenizer));
     match result {
@@ -93,14 +126,13 @@ fn serve(
     }
 }
 
-/// The tokenizer.json of the model folder that ROSE will load (rose.loading.model_dir.model_root), if
-/// Python can say where it is.
-fn tokenizer_path(py: Python<'_>, model: Option<&Path>) -> Option<PathBuf> {
-    let root = py
-        .import("rose.loading.model_dir")
-        .and_then(|m| m.call_method1("model_root", (model,)))
-        .and_then(|root| root.extract::<PathBuf>());
-    root.ok().map(|root| root.join("tokenizer.json"))
+/// The model folder that ROSE will load (rose.loading.model_dir.model_root): the --model folder,
+/// a hub id's snapshot in huggingface_hub's cache, or the default model's.
+fn model_root(py: Python<'_>, engine: &EngineArgs) -> Result<PathBuf, String> {
+    py.import("rose.loading.model_dir")
+        .and_then(|m| m.call_method1("model_root", (&engine.model, &engine.revision)))
+        .and_then(|root| root.extract::<PathBuf>())
+        .map_err(|e| e.value(py).to_string())
 }
 
 fn run(
@@ -133,7 +165,7 @@ fn run(
                 .map(|url| TulipClient::new(url))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
-            return ivy::run(ivy.clone(), replicas, None, until(stopped))
+            return ivy::run(ivy.clone(), replicas, None, None, until(stopped))
                 .await
                 .map_err(|e| e.to_string());
         }
@@ -168,9 +200,15 @@ fn run(
         ));
 
         if let Some(ivy) = ivy {
-            ivy::run(ivy, vec![local], early, until(stopped))
-                .await
-                .map_err(|e| e.to_string())?;
+            ivy::run(
+                ivy,
+                vec![local],
+                early,
+                Some(grpc_addr.to_string()),
+                until(stopped),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
         }
         grpc.await
             .map_err(|e| e.to_string())?
@@ -193,11 +231,15 @@ async fn wait_for_signal() {
     let _ = ctrl_c.await;
 }
 
-fn init_logging() {
+fn init_logging(json: bool) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = if json {
+        logs.json().try_init()
+    } else {
+        logs.try_init()
+    };
 }

@@ -5,21 +5,34 @@ use clap::Args;
 use crate::packing::Budget;
 use crate::proto::ModelInfo;
 
+/// The groups of `--help`, shared by every command's flags (ivy-serve, tulip-serve).
+pub mod heading {
+    /// What is served: the model, its task, pooling and prompts.
+    pub const MODEL: &str = "Model";
+    /// How it is served: ports, device, dtype, kernels.
+    pub const SERVING: &str = "Serving";
+    /// Batching and replicas.
+    pub const SCALING: &str = "Scaling";
+    /// What one client may ask for.
+    pub const LIMITS: &str = "Limits";
+    /// Logs and metrics.
+    pub const OBSERVABILITY: &str = "Observability";
+}
+
 /// Flags of the Tulip inference server.
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Tulip (gRPC inference server)")]
 pub struct TulipArgs {
     /// Port of Tulip's gRPC server.
-    #[arg(long, env = "GRPC_PORT", default_value_t = 50051)]
+    #[arg(long, env = "GRPC_PORT", default_value_t = 50051, help_heading = heading::SERVING)]
     pub grpc_port: u16,
 
     /// Most tokens packed into one engine step (default: 16384 on a GPU, 4096 on the CPU, where
     /// smaller batches stay in cache).
-    #[arg(long, env = "MAX_BATCH_TOKENS")]
+    #[arg(long, env = "MAX_BATCH_TOKENS", help_heading = heading::SCALING)]
     pub max_batch_tokens: Option<usize>,
 
     /// Most sequences packed into one engine step (default: 512).
-    #[arg(long, env = "MAX_BATCH_REQUESTS")]
+    #[arg(long, env = "MAX_BATCH_REQUESTS", help_heading = heading::SCALING)]
     pub max_batch_requests: Option<usize>,
 }
 

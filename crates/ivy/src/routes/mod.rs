@@ -2,42 +2,88 @@
 //! (crate::request) and renders the answer; body.rs and timing.rs are what they share.
 
 mod body;
+mod cohere;
 mod openai;
 mod rerank;
+mod schema;
 mod status;
 mod tei;
 mod timing;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
+use swagger_ui_dist::{ApiDefinition, OpenApiSource};
+use utoipa::openapi::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use crate::error::ErrorBody;
 use crate::gateway::Gateway;
 
-/// All routes of the gateway.
+/// All routes of the gateway, with `/openapi.json` (the spec, generated from the routes'
+/// annotations as they are registered, so a route cannot be served without being described) and
+/// `/docs` (Swagger UI, whose assets are compiled in).
 pub fn router(gateway: Gateway) -> Router {
     let payload_limit = gateway.args().payload_limit;
-    Router::new()
-        .route("/v1/embeddings", post(openai::embeddings))
-        .route("/v1/models", get(openai::models))
-        .route("/embed", post(tei::embed))
-        .route("/tokenize", post(tei::tokenize))
-        .route("/decode", post(tei::decode))
-        .route("/similarity", post(tei::similarity))
-        .route("/predict", post(tei::predict))
-        .route("/rerank", post(rerank::tei))
-        .route("/v1/rerank", post(rerank::cohere))
-        .route("/v2/rerank", post(rerank::cohere))
-        .route("/health", get(status::health))
-        .route("/info", get(status::info))
-        .route("/metrics", get(status::metrics))
+    let (routes, spec) = api().split_for_parts();
+    let docs = ApiDefinition {
+        uri_prefix: "/docs",
+        api_definition: OpenApiSource::Uri("/openapi.json"),
+        title: Some("Ivy API"),
+    };
+    routes
+        .route("/openapi.json", get(move || async move { Json(spec) }))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(payload_limit))
         .with_state(gateway)
+        .merge(swagger_ui_dist::generate_routes(docs))
 }
 
-async fn not_found() -> (StatusCode, Json<serde_json::Value>) {
-    let body = serde_json::json!({"error": "no such route", "error_type": "not_found"});
+/// The routes and their OpenAPI description, built together.
+fn api() -> OpenApiRouter<Gateway> {
+    OpenApiRouter::with_openapi(info())
+        .routes(routes!(openai::embeddings))
+        .routes(routes!(openai::models))
+        .routes(routes!(cohere::embed))
+        .routes(routes!(tei::embed))
+        .routes(routes!(tei::tokenize))
+        .routes(routes!(tei::decode))
+        .routes(routes!(tei::similarity))
+        .routes(routes!(tei::predict))
+        .routes(routes!(rerank::tei))
+        .routes(routes!(rerank::cohere_v1))
+        .routes(routes!(rerank::cohere_v2))
+        .routes(routes!(status::health))
+        .routes(routes!(status::info))
+        .routes(routes!(status::metrics))
+}
+
+/// The spec's title, version and description.
+fn info() -> OpenApi {
+    let mut spec = OpenApi::default();
+    spec.info.title = "Ivy".into();
+    spec.info.version = env!("CARGO_PKG_VERSION").into();
+    spec.info.description = Some(
+        "Embedding and reranking server: OpenAI-, TEI- and Cohere-compatible routes. Every \
+         successful answer carries TEI's timing headers (x-total-time, x-compute-time, \
+         x-tokenization-time, x-queue-time, x-inference-time in ms; x-compute-tokens, \
+         x-compute-characters)."
+            .into(),
+    );
+    spec
+}
+
+/// The spec, for tests and tools that read it without a server.
+pub fn openapi() -> OpenApi {
+    api().split_for_parts().1
+}
+
+async fn not_found() -> (StatusCode, Json<ErrorBody>) {
+    let body = ErrorBody {
+        error: "no such route".into(),
+        error_type: "not_found",
+    };
     (StatusCode::NOT_FOUND, Json(body))
 }

@@ -6,15 +6,19 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use super::body::JsonBody;
+use super::cohere::rand_id;
+use super::schema::Document;
 use super::tei::direction;
 use super::timing::timing_headers;
-use crate::error::IvyError;
+use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 use crate::score::{rank, RerankCall};
 
-#[derive(Deserialize)]
+/// TEI's rerank request.
+#[derive(Deserialize, ToSchema)]
 pub(super) struct TeiRerankRequest {
     #[serde(default)]
     query: String,
@@ -30,8 +34,9 @@ pub(super) struct TeiRerankRequest {
     return_text: bool,
 }
 
-#[derive(Serialize)]
-struct TeiRank {
+/// A text's place: its index in `texts` and its score.
+#[derive(Serialize, ToSchema)]
+pub(super) struct TeiRank {
     index: usize,
     score: f32,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -39,6 +44,11 @@ struct TeiRank {
 }
 
 /// TEI's `/rerank`: `[{"index", "score", "text"?}]`, best first.
+#[utoipa::path(post, path = "/rerank", operation_id = "tei_rerank", tag = "TEI", request_body = TeiRerankRequest,
+    responses(
+        (status = 200, description = "The texts, best first", body = Vec<TeiRank>),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
 pub(super) async fn tei(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<TeiRerankRequest>,
@@ -64,13 +74,15 @@ pub(super) async fn tei(
     Ok((timing_headers(&scored.timings), Json(ranks)))
 }
 
-#[derive(Deserialize)]
+/// Cohere's rerank request (v1 and v2), as Jina and vLLM take it too.
+#[derive(Deserialize, ToSchema)]
 pub(super) struct CohereRerankRequest {
     #[serde(default)]
     model: Option<String>,
     #[serde(default)]
     query: String,
     #[serde(default)]
+    #[schema(value_type = Vec<Document>)]
     documents: Vec<Value>,
     #[serde(default)]
     top_n: Option<i64>,
@@ -83,16 +95,18 @@ pub(super) struct CohereRerankRequest {
     instruction: Option<String>,
 }
 
-#[derive(Serialize)]
-struct CohereResponse {
+/// Cohere's rerank answer.
+#[derive(Serialize, ToSchema)]
+pub(super) struct CohereResponse {
     id: String,
     model: String,
     results: Vec<CohereResult>,
     usage: Usage,
+    #[schema(value_type = Object)]
     meta: Value,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct CohereResult {
     index: usize,
     relevance_score: f32,
@@ -100,18 +114,44 @@ struct CohereResult {
     document: Option<DocumentText>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct DocumentText {
     text: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Usage {
     total_tokens: usize,
 }
 
+/// Cohere's (and Jina's) v1 rerank.
+#[utoipa::path(post, path = "/v1/rerank", operation_id = "cohere_rerank_v1", tag = "Cohere", request_body = CohereRerankRequest,
+    responses(
+        (status = 200, description = "The documents, best first", body = CohereResponse),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+pub(super) async fn cohere_v1(
+    state: State<Gateway>,
+    body: JsonBody<CohereRerankRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    cohere(state, body).await
+}
+
+/// Cohere's v2 rerank (the same body and answer as v1's here).
+#[utoipa::path(post, path = "/v2/rerank", operation_id = "cohere_rerank_v2", tag = "Cohere", request_body = CohereRerankRequest,
+    responses(
+        (status = 200, description = "The documents, best first", body = CohereResponse),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+pub(super) async fn cohere_v2(
+    state: State<Gateway>,
+    body: JsonBody<CohereRerankRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    cohere(state, body).await
+}
+
 /// Cohere's rerank (v1 and v2), as Jina and vLLM serve it too.
-pub(super) async fn cohere(
+async fn cohere(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<CohereRerankRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
@@ -175,16 +215,4 @@ fn at_least_one(field: &str, value: Option<i64>) -> Result<Option<usize>, IvyErr
         ))),
         other => Ok(other.map(|n| n as usize)),
     }
-}
-
-/// A request id that differs between calls (no cryptographic strength needed).
-fn rand_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.finish()
 }

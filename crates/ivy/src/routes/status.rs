@@ -6,9 +6,13 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::error::IvyError;
+use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 
+/// Ready: some replica's engine answers.
+#[utoipa::path(get, path = "/health", operation_id = "health", tag = "Status",
+    responses((status = 200, description = "Ready"),
+              (status = 503, description = "No replica is ready", body = ErrorBody)))]
 pub(super) async fn health(State(gateway): State<Gateway>) -> Result<StatusCode, IvyError> {
     if gateway.replicas().is_healthy().await {
         Ok(StatusCode::OK)
@@ -19,6 +23,8 @@ pub(super) async fn health(State(gateway): State<Gateway>) -> Result<StatusCode,
 
 /// Like TEI's /info: the model as Tulip reports it (protos/tulip.proto's ModelInfo, live when a
 /// replica answers), the engine's live state, and Ivy's own limits.
+#[utoipa::path(get, path = "/info", operation_id = "info", tag = "Status",
+    responses((status = 200, description = "The model, the engine's state and the limits", body = Object)))]
 pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
     let live = gateway.replicas().info().await.ok();
     let model = live
@@ -45,6 +51,9 @@ pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
     Json(body)
 }
 
+/// Prometheus' text format.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "Status",
+    responses((status = 200, description = "The metrics", body = String, content_type = "text/plain")))]
 pub(super) async fn metrics(State(gateway): State<Gateway>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

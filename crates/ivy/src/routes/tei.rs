@@ -7,33 +7,43 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use futures::future::try_join_all;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokenizers::TruncationDirection;
 use tulip::proto::Encoding;
+use utoipa::ToSchema;
 
 use super::body::JsonBody;
 use super::openai::floats;
+use super::schema::{Inputs, PredictInputs, TokenIds};
 use super::timing::timing_headers;
-use crate::error::IvyError;
+use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 use crate::input::{parse_inputs, Input};
 use crate::request::EmbedCall;
 use crate::score::PredictInput;
-use crate::tokenization::EncodeOptions;
+use crate::tokenization::{EncodeOptions, Token};
 
-#[derive(Deserialize)]
+/// TEI's embed request.
+#[derive(Deserialize, ToSchema)]
 pub(super) struct EmbedRequest {
     #[serde(default)]
+    #[schema(value_type = Inputs)]
     inputs: Value,
+    /// L2-normalize the vectors (default true).
     #[serde(default = "yes")]
+    #[schema(default = true)]
     normalize: bool,
+    /// Truncate inputs longer than the model's limit (default: --auto-truncate).
     #[serde(default)]
     truncate: Option<bool>,
+    /// Left or Right (default).
     #[serde(default)]
     truncation_direction: Option<String>,
+    /// A prompt of the model's sentence-transformers config, put before each text.
     #[serde(default)]
     prompt_name: Option<String>,
+    /// Matryoshka truncation to this many dimensions.
     #[serde(default)]
     dimensions: Option<i64>,
 }
@@ -42,6 +52,11 @@ fn yes() -> bool {
     true
 }
 
+#[utoipa::path(post, path = "/embed", operation_id = "tei_embed", tag = "TEI", request_body = EmbedRequest,
+    responses(
+        (status = 200, description = "One vector per input", body = Vec<Vec<f32>>),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
 pub(super) async fn embed(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<EmbedRequest>,
@@ -61,16 +76,25 @@ pub(super) async fn embed(
     Ok((timing_headers(&embedded.timings), Json(vectors)))
 }
 
-#[derive(Deserialize)]
+/// TEI's tokenize request.
+#[derive(Deserialize, ToSchema)]
 pub(super) struct TokenizeRequest {
     #[serde(default)]
+    #[schema(value_type = Inputs)]
     inputs: Value,
+    /// Add the model's special tokens (default true).
     #[serde(default = "yes")]
+    #[schema(default = true)]
     add_special_tokens: bool,
     #[serde(default)]
     prompt_name: Option<String>,
 }
 
+#[utoipa::path(post, path = "/tokenize", operation_id = "tei_tokenize", tag = "TEI", request_body = TokenizeRequest,
+    responses(
+        (status = 200, description = "Each input's tokens", body = Vec<Vec<Token>>),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
 pub(super) async fn tokenize(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<TokenizeRequest>,
@@ -103,15 +127,32 @@ pub(super) async fn tokenize(
     Ok(Json(tokens))
 }
 
-#[derive(Deserialize)]
+/// TEI's decode request.
+#[derive(Deserialize, ToSchema)]
 pub(super) struct DecodeRequest {
     #[serde(default)]
+    #[schema(value_type = TokenIds)]
     ids: Value,
+    /// Leave the special tokens out of the text (default true).
     #[serde(default = "yes")]
+    #[schema(default = true)]
     skip_special_tokens: bool,
 }
 
+/// The text of one sequence, or of each.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum Decoded {
+    One(String),
+    Many(Vec<String>),
+}
+
 /// TEI's `/decode`: token ids (a list, or a list of lists) to text (a string, or a list).
+#[utoipa::path(post, path = "/decode", operation_id = "tei_decode", tag = "TEI", request_body = DecodeRequest,
+    responses(
+        (status = 200, description = "The text", body = Decoded),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
 pub(super) async fn decode(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<DecodeRequest>,
@@ -138,9 +179,9 @@ pub(super) async fn decode(
         .tokenizer()
         .decode(&sequences, request.skip_special_tokens)?;
     Ok(Json(if single {
-        json!(texts[0])
+        Decoded::One(texts.into_iter().next().unwrap_or_default())
     } else {
-        json!(texts)
+        Decoded::Many(texts)
     }))
 }
 
@@ -155,13 +196,15 @@ pub(super) fn direction(value: Option<&str>) -> Result<TruncationDirection, IvyE
     }
 }
 
-#[derive(Deserialize)]
+/// TEI's similarity request.
+#[derive(Deserialize, ToSchema)]
 pub(super) struct SimilarityRequest {
     #[serde(default)]
     inputs: SimilarityInputs,
 }
 
-#[derive(Deserialize, Default)]
+/// A sentence and the sentences to compare it with.
+#[derive(Deserialize, Default, ToSchema)]
 struct SimilarityInputs {
     #[serde(default)]
     source_sentence: String,
@@ -170,6 +213,11 @@ struct SimilarityInputs {
 }
 
 /// TEI's `/similarity`: the cosine of the source sentence with each sentence, in their order.
+#[utoipa::path(post, path = "/similarity", operation_id = "tei_similarity", tag = "TEI", request_body = SimilarityRequest,
+    responses(
+        (status = 200, description = "One cosine per sentence", body = Vec<f32>),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
 pub(super) async fn similarity(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<SimilarityRequest>,
@@ -184,9 +232,11 @@ pub(super) async fn similarity(
     Ok((timing_headers(&scored.timings), Json(scored.scores)))
 }
 
-#[derive(Deserialize)]
+/// TEI's predict request.
+#[derive(Deserialize, ToSchema)]
 pub(super) struct PredictRequest {
     #[serde(default)]
+    #[schema(value_type = PredictInputs)]
     inputs: Value,
     #[serde(default)]
     truncate: Option<bool>,
@@ -194,14 +244,28 @@ pub(super) struct PredictRequest {
     raw_scores: bool,
 }
 
-#[derive(serde::Serialize)]
+/// A label and its score.
+#[derive(Serialize, ToSchema)]
 struct Prediction {
     label: String,
     score: f32,
 }
 
+/// One input's labels, best first; a list of those for a list of inputs.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+enum Predictions {
+    One(Vec<Prediction>),
+    Many(Vec<Vec<Prediction>>),
+}
+
 /// TEI's `/predict`: a sequence-classification model's labels with their scores, best first;
 /// `inputs` is a text, a pair of texts, or a list of either (then a list of answers).
+#[utoipa::path(post, path = "/predict", operation_id = "tei_predict", tag = "TEI", request_body = PredictRequest,
+    responses(
+        (status = 200, description = "The labels with their scores", body = Predictions),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
 pub(super) async fn predict(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<PredictRequest>,
@@ -211,7 +275,7 @@ pub(super) async fn predict(
         .predict(inputs, request.truncate, request.raw_scores)
         .await?;
     let names = &gateway.model().labels;
-    let answers: Vec<Vec<Prediction>> = scores
+    let mut answers: Vec<Vec<Prediction>> = scores
         .chunks(labels.max(1))
         .map(|row| {
             let mut ranked: Vec<Prediction> = row
@@ -230,11 +294,11 @@ pub(super) async fn predict(
         })
         .collect();
     let body = if single {
-        serde_json::to_value(&answers[0])
+        Predictions::One(answers.swap_remove(0))
     } else {
-        serde_json::to_value(&answers)
+        Predictions::Many(answers)
     };
-    Ok((timing_headers(&timings), Json(body.unwrap_or(Value::Null))))
+    Ok((timing_headers(&timings), Json(body)))
 }
 
 /// `/predict`'s inputs: (first text, second text of a pair), and whether one input was sent bare.

@@ -7,10 +7,9 @@ use crate::request::Timings;
 /// `x-total-time`, `x-compute-time` (tokenization, queue and inference), `x-tokenization-time`,
 /// `x-queue-time`, `x-inference-time`, `x-transfer-time`, `x-compute-tokens`, `x-compute-characters`.
 pub(super) fn timing_headers(timings: &Timings) -> HeaderMap {
-    let compute = timings.tokenization + timings.queue + timings.inference;
     let fields = [
         ("x-total-time", timings.total),
-        ("x-compute-time", compute),
+        ("x-compute-time", timings.compute()),
         ("x-tokenization-time", timings.tokenization),
         ("x-queue-time", timings.queue),
         ("x-inference-time", timings.inference),
