@@ -27,6 +27,22 @@ class Client:
     def __init__(self, address: str = "127.0.0.1:50051", *, timeout: float = 10.0) -> None:
         self._native = GatewayClient(address, timeout)
 
+    @classmethod
+    def in_process(cls, model: str | None = None, **flags: str | int | bool | None) -> Client:
+        """A client that loads the model in this process (Tulip and ROSE, no server): `model` as
+        `--model` takes it (a folder or a hub id; None: the default model), `flags` as
+        `tulip-serve` takes them, by name (`device="cpu"`, `max_batch_tokens=8192`, `dtype=...`)."""
+        argv = [] if model is None else ["--model", str(model)]
+        for name, value in flags.items():
+            flag = "--" + name.replace("_", "-")
+            if value is True:
+                argv.append(flag)
+            elif value is not None and value is not False:
+                argv += [flag, str(value)]
+        client = cls.__new__(cls)
+        client._native = GatewayClient.in_process(argv)
+        return client
+
     def embed(
         self,
         inputs: Inputs,
@@ -45,7 +61,7 @@ class Client:
         `truncate` is False (then they raise ValueError)."""
         if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], np.ndarray):
             inputs = [list(map(int, x)) for x in inputs]
-        data, rows, _ = self._native.embed_raw(
+        data, rows, _, _ = self.embed_raw(
             inputs,
             normalize=normalize,
             dimensions=dimensions,
@@ -55,6 +71,10 @@ class Client:
         )
         dtype = {"float32": np.float32, "int8": np.int8, "binary": np.uint8}[encoding]
         return np.frombuffer(data, dtype=dtype).reshape(rows, -1)
+
+    def embed_raw(self, inputs: Inputs, **options: Any) -> tuple[bytes, int, int, int]:
+        """`embed`'s answer as it comes: (packed bytes, rows, dimensions, tokens embedded)."""
+        return self._native.embed_raw(inputs, **options)
 
     def rerank(
         self,

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use ivy::input::Input;
 use ivy::request::EmbedCall;
 use ivy::score::{rank, RerankCall};
@@ -13,7 +14,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::runtime::Runtime;
 use tulip::proto::Encoding;
-use tulip::TulipClient;
+use tulip::{TulipArgs, TulipClient};
+
+use crate::engine::EngineArgs;
 
 /// What `embed` accepts: text, texts, token ids, or lists of token ids.
 #[derive(FromPyObject)]
@@ -35,11 +38,36 @@ impl Inputs {
     }
 }
 
-/// Ivy's gateway in this process, connected to a Tulip server.
+/// Ivy's gateway in this process, connected to a Tulip server (or to one it runs itself).
 #[pyclass(module = "tulip._native", frozen)]
 pub struct GatewayClient {
     runtime: Runtime,
     gateway: Gateway,
+}
+
+/// The engine flags of an in-process gateway: `tulip-serve`'s, without the ports.
+#[derive(Parser)]
+#[command(name = "engine")]
+struct InProcess {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    tulip: TulipArgs,
+}
+
+/// A runtime for one gateway: the gRPC channel's and the scheduler's tasks run on it.
+fn runtime() -> PyResult<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
+fn metrics() -> metrics_exporter_prometheus::PrometheusHandle {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .build_recorder()
+        .handle()
 }
 
 #[pymethods]
@@ -63,14 +91,8 @@ impl GatewayClient {
             tokenization_workers,
             ..IvyArgs::default()
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .build_recorder()
-            .handle();
+        let runtime = runtime()?;
+        let metrics = metrics();
         let patience = Duration::from_secs_f64(timeout.max(0.0));
         // The gRPC channel's background task needs the runtime: it is made inside it.
         let gateway = py
@@ -84,7 +106,43 @@ impl GatewayClient {
         Ok(GatewayClient { runtime, gateway })
     }
 
-    /// Embeds `inputs`; returns (packed bytes, rows, dimensions). `encoding` is float32
+    /// Loads ROSE under Tulip in this process, configured by `tulip-serve`'s engine flags
+    /// (`flags`, as on its command line: `["--model", "org/name", "--device", "cpu"]`), and
+    /// serves Ivy's request path over it with no server in between.
+    #[staticmethod]
+    #[pyo3(signature = (flags, tokenization_workers = None))]
+    fn in_process(
+        py: Python<'_>,
+        flags: Vec<String>,
+        tokenization_workers: Option<usize>,
+    ) -> PyResult<GatewayClient> {
+        let argv = std::iter::once("engine".to_string()).chain(flags);
+        let mut local =
+            InProcess::try_parse_from(argv).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let root = crate::serve::model_root(py, &local.engine).map_err(PyValueError::new_err)?;
+        if local.engine.model.is_some() {
+            local.engine.model = Some(root.display().to_string());
+        }
+        let args = IvyArgs {
+            tokenization_workers,
+            ..IvyArgs::default()
+        };
+        let runtime = runtime()?;
+        let gateway = py
+            .detach(|| {
+                runtime.block_on(async {
+                    let scheduler = crate::serve::start_engine(local.engine, local.tulip).await?;
+                    let tulip = TulipClient::in_process(scheduler);
+                    Gateway::connect(args, vec![tulip], Duration::from_secs(60), metrics(), None)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .map_err(PyRuntimeError::new_err)?;
+        Ok(GatewayClient { runtime, gateway })
+    }
+
+    /// Embeds `inputs`; returns (packed bytes, rows, dimensions, tokens). `encoding` is float32
     /// (little-endian), int8 or binary (bits, most significant first, rows padded to bytes).
     #[pyo3(signature = (inputs, *, normalize = true, dimensions = None, truncate = true, prompt_name = None, encoding = "float32"))]
     #[allow(clippy::too_many_arguments)]
@@ -97,7 +155,7 @@ impl GatewayClient {
         truncate: bool,
         prompt_name: Option<String>,
         encoding: &str,
-    ) -> PyResult<(Bound<'py, PyBytes>, usize, usize)> {
+    ) -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize)> {
         let encoding =
             Encoding::from_str_name(&encoding.to_ascii_uppercase()).ok_or_else(|| {
                 PyValueError::new_err(format!(
@@ -117,7 +175,7 @@ impl GatewayClient {
             .detach(|| self.runtime.block_on(self.gateway.embed("python", call)))
             .map_err(to_py)?;
         let v = embedded.vectors;
-        Ok((PyBytes::new(py, &v.data), v.count, v.dimensions))
+        Ok((PyBytes::new(py, &v.data), v.count, v.dimensions, embedded.tokens))
     }
 
     /// The documents ranked against `query`, best first (Ivy's `score::rank`): (index, score) for

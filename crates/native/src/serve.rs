@@ -128,7 +128,7 @@ fn serve(
 
 /// The model folder that ROSE will load (rose.loading.model_dir.model_root): the --model folder,
 /// a hub id's snapshot in huggingface_hub's cache, or the default model's.
-fn model_root(py: Python<'_>, engine: &EngineArgs) -> Result<PathBuf, String> {
+pub(crate) fn model_root(py: Python<'_>, engine: &EngineArgs) -> Result<PathBuf, String> {
     py.import("rose.loading.model_dir")
         .and_then(|m| m.call_method1("model_root", (&engine.model, &engine.revision)))
         .and_then(|root| root.extract::<PathBuf>())
@@ -182,12 +182,7 @@ fn run(
             .map_err(|e| format!("cannot listen on {ip}:{grpc_port}: {e}"))?;
         // Ivy's tokenizer is parsed while the engine loads.
         let early = tokenizer.map(EarlyTokenizer::start);
-        let scheduler = tokio::task::spawn_blocking(move || {
-            Scheduler::start(move || Rose::load(&engine, &tulip))
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        let scheduler = start_engine(engine, tulip).await?;
         let grpc_addr = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!("Tulip listens for gRPC on {grpc_addr}");
         // Other gateways and tulip.Client reach Tulip over gRPC; this process's Ivy calls it
@@ -214,6 +209,14 @@ fn run(
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("Tulip's gRPC server failed: {e}"))
     })
+}
+
+/// Loads ROSE under a Tulip scheduler in this process (the model folder already resolved).
+pub(crate) async fn start_engine(engine: EngineArgs, tulip: TulipArgs) -> Result<Scheduler, String> {
+    tokio::task::spawn_blocking(move || Scheduler::start(move || Rose::load(&engine, &tulip)))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 async fn wait_for_signal() {
