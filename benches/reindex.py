@@ -1,0 +1,125 @@
+"""Batch re-indexing: `ivy-embed` (in-process and against the server) beside the server's own
+saturated throughput, on the same corpus, in one run.
+
+    python benches/reindex.py                      # CPU, all-MiniLM-L6-v2, 2,000 documents
+    python benches/reindex.py --device cuda --docs 50000
+
+The three sides alternate in rounds (server, ivy-embed --server, ivy-embed in-process, ...) since
+this machine's speed drifts; each figure is tokens/s of embedding (ivy-embed's own count, which
+excludes its model load and includes reading the corpus and writing Parquet), and each ratio is
+against the server's median. The server side is a client posting the same batches (64 documents,
+4 in flight, vLLM's raw-bytes encoding) to /v1/embeddings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+from corpus import sentences  # noqa: E402
+from support import start_server  # noqa: E402
+
+
+def passages(count: int, min_tokens: int, max_tokens: int, count_tokens: Callable[[str], int]) -> list[str]:
+    """`count` passages of consecutive sentences of about min_tokens to max_tokens (each sentence
+    tokenized once: benches/corpus.documents retokenizes every passage as it grows)."""
+    rng = random.Random(0)
+    pool = sentences()
+    lengths = [count_tokens(s) for s in pool]
+    out = []
+    while len(out) < count:
+        target, i, total, parts = rng.randint(min_tokens, max_tokens), rng.randrange(len(pool)), 2, []
+        while total + lengths[i % len(pool)] <= max_tokens and (total < target or not parts):
+            parts.append(pool[i % len(pool)])
+            total += lengths[i % len(pool)]
+            i += 1
+        out.append(" ".join(parts) or pool[i % len(pool)][:200])
+    return out
+
+
+def server_rate(url: str, texts: list[str], batch: int, concurrency: int) -> float:
+    """tokens/s of the server posting `texts` in length-sorted batches, `concurrency` in flight."""
+    ordered = sorted(texts, key=len, reverse=True)
+    batches = [ordered[i : i + batch] for i in range(0, len(ordered), batch)]
+    session = requests.Session()
+
+    def post(chunk: list[str]) -> int:
+        body = {"input": chunk, "encoding_format": "bytes"}
+        response = session.post(f"{url}/v1/embeddings", json=body, timeout=600)
+        response.raise_for_status()
+        return json.loads(response.headers["metadata"])["usage"]["prompt_tokens"]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        tokens = sum(pool.map(post, batches))
+    return tokens / (time.perf_counter() - start)
+
+
+def ivy_embed_rate(corpus: Path, out: Path, *flags: str) -> float:
+    """tokens/s as ivy-embed reports it."""
+    command = ["ivy-embed", str(corpus), "--output", str(out), *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+    return float(re.findall(r"([\d.]+) tokens/s", done.stderr)[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--model", help="a model folder (default: all-MiniLM-L6-v2)")
+    p.add_argument("--docs", type=int, default=2000)
+    p.add_argument("--min-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+
+    from tokenizers import Tokenizer
+
+    import rose
+
+    root = Path(args.model) if args.model else rose.default_model_path()
+    tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+    count = lambda t: len(tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
+    texts = passages(args.docs, args.min_tokens, args.max_tokens, count)
+    tmp = Path(tempfile.mkdtemp(prefix="reindex-"))
+    corpus = tmp / "corpus.jsonl.gz"
+    with gzip.open(corpus, "wt") as f:
+        f.writelines(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts))
+    model = ["--model", str(root)] if args.model else []
+    server = start_server(tmp, "--device", args.device, *model)
+    rates: dict[str, list[float]] = {"server": [], "ivy-embed --server": [], "ivy-embed in-process": []}
+    try:
+        server_rate(server.url, texts[:256], 64, 4)  # warm-up
+        for r in range(args.rounds):
+            rates["server"].append(server_rate(server.url, texts, 64, 4))
+            rates["ivy-embed --server"].append(ivy_embed_rate(corpus, tmp / f"http-{r}", "--server", server.url))
+            engine = ["--device", args.device, *model]
+            rates["ivy-embed in-process"].append(ivy_embed_rate(corpus, tmp / f"local-{r}", *engine))
+            print(f"round {r}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()), flush=True)
+    finally:
+        server.stop()
+    base = statistics.median(rates["server"])
+    print(f"\n{args.docs} documents of {args.min_tokens}-{args.max_tokens} tokens, {args.device}, {args.rounds} rounds")
+    print(f"{'side':<24}{'tokens/s (median)':>20}{'range':>24}{'vs server':>11}")
+    for side, values in rates.items():
+        spread = f"{min(values):,.0f}-{max(values):,.0f}"
+        print(f"{side:<24}{statistics.median(values):>20,.0f}{spread:>24}{statistics.median(values) / base:>10.2f}x")
+
+
+if __name__ == "__main__":
+    main()
