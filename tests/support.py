@@ -192,6 +192,67 @@ def save_tiny_bert(folder: Path, pooling: str, prefix: str = "") -> Path:
     return folder
 
 
+def save_as_sentence_transformer(folder: Path, base: Path, pooling: str, max_seq_length: int) -> Path:
+    """`base` (a transformers folder) saved by sentence-transformers as its published embedders
+    are: Transformer, Pooling, Normalize, with their module folders and configs."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(base), max_seq_length=max_seq_length)
+    dimension = transformer.get_embedding_dimension()
+    modules = [transformer, Pooling(dimension, pooling), Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+MODERNBERT_SIZES = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+                        vocab_size=30522, max_position_embeddings=1024, local_attention=128, pad_token_id=0,
+                        bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102)  # fmt: skip
+"""A 3-layer ModernBERT (global, local, local) with the published window of 128 tokens and the
+all-MiniLM-L6-v2 tokenizer's special ids."""
+
+
+def _vary_norms(model: torch.nn.Module) -> None:
+    """Random init leaves the norms at one and attention near uniform: vary the norms and sharpen
+    the attention, so that a misplaced norm, a wrong window or a wrong RoPE base shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() and name.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+            if name.endswith(("Wqkv.weight", "attn.Wo.weight")):
+                p.mul_(10)
+
+
+def save_modernbert(folder: Path, pooling: str) -> Path:
+    """A random ModernBertModel saved as gte-modernbert (`cls`) or modernbert-embed (`mean`) are."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(5)
+    model = ModernBertModel(ModernBertConfig(**MODERNBERT_SIZES)).eval()
+    _vary_norms(model)
+    base = folder.parent / f"{folder.name}-base"
+    base.mkdir(parents=True, exist_ok=True)
+    _finish(base, model, pooling, "", {})
+    return save_as_sentence_transformer(folder, base, pooling, 1024)
+
+
+def save_mpnet(folder: Path) -> Path:
+    """A random 2-layer MPNetModel in all-mpnet-base-v2's form (mean pooling, Normalize, 384
+    tokens), its relative position bias made large enough that a wrong bucket would show."""
+    from transformers import MPNetConfig, MPNetModel
+
+    torch.manual_seed(3)
+    config = MPNetConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                         vocab_size=30527, max_position_embeddings=514)  # fmt: skip
+    model = MPNetModel(config, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        model.encoder.relative_attention_bias.weight.normal_(0.0, 2.0)
+    base = folder.parent / f"{folder.name}-base"
+    base.mkdir(parents=True, exist_ok=True)
+    _finish(base, model, "mean", "", {})
+    return save_as_sentence_transformer(folder, base, "mean", 384)
+
+
 def save_qwen3(folder: Path, shape: str, bidirectional: bool, prefix: str = "", top_level_rope: bool = False) -> Path:
     """A random Qwen3Model: the Qwen3-Embedding kind (causal, last-token pooling) or, with
     `bidirectional`, the pplx-embed kind (use_bidirectional_attention, mean pooling)."""
@@ -244,8 +305,9 @@ def transformers_pooled(folder: Path, sequences: list[list[int]], device: str = 
 
 
 def save_cross_encoder(folder: Path, family: str = "bert") -> Path:
-    """A random 2-layer sequence classifier with one label: BertForSequenceClassification (the
-    ms-marco-MiniLM kind, all-MiniLM-L6-v2's tokenizer) or XLMRobertaForSequenceClassification
+    """A random sequence classifier with one label: BertForSequenceClassification (the
+    ms-marco-MiniLM kind, all-MiniLM-L6-v2's tokenizer), ModernBertForSequenceClassification (the
+    gte-reranker-modernbert kind, the same tokenizer) or XLMRobertaForSequenceClassification
     (the bge-reranker kind, the same vocabulary behind RoBERTa's pair template: <s> a </s></s> b </s>)."""
     from transformers import (
         BertConfig,
@@ -258,6 +320,11 @@ def save_cross_encoder(folder: Path, family: str = "bert") -> Path:
     sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=1)
     if family == "bert":
         model = BertForSequenceClassification(BertConfig(**sizes))
+    elif family == "modernbert":
+        from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+        model = ModernBertForSequenceClassification(ModernBertConfig(**MODERNBERT_SIZES, num_labels=1))
+        _vary_norms(model)
     else:
         config = XLMRobertaConfig(**sizes, vocab_size=30522, max_position_embeddings=514, type_vocab_size=1)
         model = XLMRobertaForSequenceClassification(config)
@@ -272,7 +339,7 @@ def save_cross_encoder(folder: Path, family: str = "bert") -> Path:
     minilm = rose.default_model_path()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         (folder / name).write_bytes((minilm / name).read_bytes())
-    if family != "bert":
+    if family == "xlm-roberta":
         tokenizer = json.loads((folder / "tokenizer.json").read_text())
         tokenizer["post_processor"] = {"type": "RobertaProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101],
                                        "trim_offsets": True, "add_prefix_space": False}  # fmt: skip

@@ -183,6 +183,20 @@ def test_an_xlm_roberta_reranker_matches_transformers(tmp_path: Path) -> None:
     assert_ranked_like([(r["index"], r["score"]) for r in got], expected)
 
 
+def test_a_modernbert_cross_encoder_matches_cross_encoder_predict(tmp_path: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    folder = save_cross_encoder(tmp_path / "gte-reranker-modernbert-tiny", "modernbert")
+    docs = candidates(40)
+    server = start_server(tmp_path, "--model", str(folder))
+    try:
+        got = post(server, "/rerank", {"query": QUERY, "texts": docs, "truncate": True}).json()
+    finally:
+        server.stop()
+    expected = CrossEncoder(str(folder), device="cpu").predict([(QUERY, d) for d in docs])
+    assert_ranked_like([(r["index"], r["score"]) for r in got], expected)
+
+
 def test_a_qwen3_reranker_scores_yes_against_no_as_published(tmp_path: Path) -> None:
     folder = save_qwen3_reranker(tmp_path / "qwen3-reranker-tiny")
     docs = candidates(30)

@@ -162,7 +162,9 @@ impl Gateway {
         encoded: Vec<Encoded>,
         raw: bool,
     ) -> Result<(Vec<f32>, usize, Timings), IvyError> {
-        let typed = encoded.iter().any(|e| e.types.is_some());
+        // A model with one token type (RoBERTa's kind, ModernBERT) takes none, whatever the
+        // tokenizer says of the pair's second part.
+        let typed = self.model().type_vocab_size > 1 && encoded.iter().any(|e| e.types.is_some());
         let types: Vec<Vec<u32>> = if typed {
             encoded
                 .iter()

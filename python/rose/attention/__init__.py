@@ -137,8 +137,8 @@ class AutoBackend(AttentionBackend):
         # A graph keeps the backend chosen for the first batch of its bucket.
         return self.choose(batch).for_graph(key, batch)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.current(q, k, v)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windowed: bool = False) -> torch.Tensor:
+        return self.current(q, k, v, windowed=True) if windowed else self.current(q, k, v)
 
     def norm_rope_attention(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                             rope: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
@@ -151,7 +151,8 @@ def create_backend(
     """The backend `name`; "auto" picks per batch among those that load here (sdpa on the CPU),
     for sequences of at most `max_length` tokens, leaving the heavy ones for later with `defer`."""
     if name == "auto":
-        if device.type == "cpu":
+        if device.type == "cpu" or spec.relative_bias is not None:
+            # The GPU's kernels take no relative bias: such models (MPNet) run SDPA there too.
             return SdpaBackend(spec, device)
         return AutoBackend(spec, device, max_length, defer)
     if name not in BACKENDS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,12 @@ class AttentionSpec:
     head_dim: int
     causal: bool
     dtype: torch.dtype = torch.float32
+    window: int | None = None
+    """A sliding window's half width for the layers that ask for one (`windowed=True`): a query
+    sees the keys at most `window` positions away on either side (ModernBERT's local layers)."""
+    relative_bias: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    """[heads, 2 * longest - 1]: a bias added to the scores by key-minus-query distance
+    (index d + longest - 1), as MPNet's; only backends with `takes_relative_bias` add it."""
 
     @property
     def scale(self) -> float:
@@ -33,8 +39,19 @@ class AttentionBackend(ABC):
     """Attention over ragged sequences, with no padding and no KV cache."""
 
     name: str
+    takes_relative_bias = False
+    """Whether the backend adds `AttentionSpec.relative_bias` (the others refuse such a spec)."""
+    takes_window = False
+    """Whether the backend takes `windowed=True` for `AttentionSpec.window` (the others refuse
+    such a spec)."""
+    graph_safe = True
+    """Whether a CUDA graph may capture the backend's kernels (its plan changes no launch shape)."""
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+        if spec.relative_bias is not None and not self.takes_relative_bias:
+            raise BackendUnavailable(f"{self.name} does not add a relative position bias")
+        if spec.window is not None and not self.takes_window:
+            raise BackendUnavailable(f"{self.name} takes no symmetric sliding window")
         self.spec = spec
         self.device = device
 
@@ -67,8 +84,9 @@ class AttentionBackend(ABC):
         return self
 
     @abstractmethod
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windowed: bool = False) -> torch.Tensor:
+        """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim] -> [tokens, heads, dim];
+        `windowed`: within the spec's sliding window (backends with `takes_window`)."""
 
     def norm_rope_attention(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                             rope: torch.Tensor) -> torch.Tensor | None:  # fmt: skip

@@ -35,9 +35,10 @@ def length_groups(lengths: list[int], max_waste: float = 0.25, min_tokens: int =
 class _Group:
     gather: torch.Tensor  # [B * L] token index for each padded slot
     keep: torch.Tensor  # [B * L] bool, slots that hold real tokens
-    mask: torch.Tensor | None  # [B, 1, L or 1, L] bool, None when no slot is padding
+    mask: torch.Tensor | None  # [B, 1, L or 1, L] bool (or float with a bias), None when no slot is padding
     sequences: int
     length: int
+    window_mask: torch.Tensor | None = None  # the mask within the spec's sliding window
 
 
 class SdpaBackend(AttentionBackend):
@@ -45,6 +46,9 @@ class SdpaBackend(AttentionBackend):
     on a GPU the float32 reference of the fidelity check (too slow to serve there)."""
 
     name = "sdpa"
+    takes_relative_bias = True
+    takes_window = True  # as a dense band mask per length group: SDPA takes no window
+    graph_safe = False  # its groups follow each batch's lengths
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
@@ -69,22 +73,42 @@ class SdpaBackend(AttentionBackend):
                 mask = keep[:, None, None, :]
                 if self.spec.causal:
                     mask = mask & torch.ones(length, length, dtype=torch.bool, device=self.device).tril()[None, None]
-            self._groups.append(_Group(gather.flatten(), keep.flatten(), mask, len(members), length))
+            window_mask = None
+            if self.spec.window is not None and length > self.spec.window + 1:
+                slot_distance = (slot[None, :] - slot[:, None]).abs()
+                band = (slot_distance <= self.spec.window)[None, None]
+                window_mask = band if mask is None else mask & band
+            if self.spec.relative_bias is not None:
+                mask = self._biased(length, mask)
+            group = _Group(gather.flatten(), keep.flatten(), mask, len(members), length, window_mask)
+            self._groups.append(group)
             order.append(gather[keep])
         # Where each group's real output rows go in the packed output.
         self._scatter = torch.cat(order) if order else torch.empty(0, dtype=torch.long, device=self.device)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _biased(self, length: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """The relative bias of `length` tokens as a float mask [1 or B, heads, L, L], with -inf
+        where `mask` hides a slot."""
+        table = self.spec.relative_bias
+        longest = (table.shape[1] + 1) // 2
+        slot = torch.arange(length, device=self.device)
+        bias = table[:, slot[None, :] - slot[:, None] + longest - 1][None].to(self.spec.dtype)
+        if mask is None:
+            return bias
+        return bias.masked_fill(~mask, float("-inf"))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windowed: bool = False) -> torch.Tensor:
         spec = self.spec
         outputs = []
         for g in self._groups:
             qg, kg, vg = (t[g.gather].view(g.sequences, g.length, -1, spec.head_dim).transpose(1, 2) for t in (q, k, v))
+            mask = g.window_mask if windowed and g.window_mask is not None else g.mask
             out = F.scaled_dot_product_attention(
                 qg,
                 kg,
                 vg,
-                attn_mask=g.mask,
-                is_causal=spec.causal and g.mask is None,
+                attn_mask=mask,
+                is_causal=spec.causal and mask is None,
                 scale=spec.scale,
                 enable_gqa=spec.num_kv_heads != spec.num_heads,
             )

@@ -2,7 +2,8 @@
 `model_type` to the class). A family's class is built from (config, weights, dtype, device,
 matmul_dtype), names its checkpoint's weight prefixes in `weight_prefixes`, and has
 `attention_spec` and `forward(batch, attention) -> [tokens, hidden]`; a family that scores names
-its `score_pooling` and builds its `score_head(weights, tokenizer)` (rose.models.heads); a decoder
+its `score_pooling` and builds its `score_head(weights, tokenizer, config)` (rose.models.heads; a
+head with a `pooling` of its own overrides the family's); a decoder
 family may offer `decoder_weights()` for the fused single-query decoders (rose.decoder)."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from rose.errors import ModelError
 from rose.models.bert import Bert
 from rose.models.llama import Llama
+from rose.models.modernbert import ModernBert
+from rose.models.mpnet import MPNet
 from rose.models.qwen2 import Qwen2
 from rose.models.qwen3 import Qwen3
 from rose.models.xlm_roberta import XlmRoberta
@@ -22,6 +25,8 @@ MODELS: dict[str, type] = {
     "mistral": Llama,
     "xlm-roberta": XlmRoberta,
     "roberta": XlmRoberta,
+    "mpnet": MPNet,
+    "modernbert": ModernBert,
 }
 
 

@@ -37,6 +37,15 @@ class Bert:
     """BertModel's encoder: token states for every token of the batch."""
 
     weight_prefixes = ("bert.", "model.")
+    layer_names = {
+        "qkv": ("attention.self.query", "attention.self.key", "attention.self.value"),
+        "out": "attention.output.dense",
+        "attn_norm": "attention.output.LayerNorm",
+        "up": "intermediate.dense",
+        "down": "output.dense",
+        "ffn_norm": "output.LayerNorm",
+    }
+    """Where a layer's weights sit under `encoder.layer.N.` (families with BERT's layer rename them)."""
     score_pooling = "cls"
     """A cross-encoder scores a pair from its first token's state."""
     position_offset = 0
@@ -70,31 +79,36 @@ class Bert:
         self.word_embeddings = w("embeddings.word_embeddings.weight")
         self.position_embeddings = w("embeddings.position_embeddings.weight")
         # Token types (segments): a pair's second part is type 1; a batch without them is all type 0.
-        self.token_type_embeddings = w("embeddings.token_type_embeddings.weight")
-        self.token_type_embedding = self.token_type_embeddings[0]
+        # MPNet has none.
+        self.token_type_embeddings = self.token_type_embedding = None
+        if "embeddings.token_type_embeddings.weight" in w:
+            self.token_type_embeddings = w("embeddings.token_type_embeddings.weight")
+            self.token_type_embedding = self.token_type_embeddings[0]
         self.embed_norm = norm("embeddings.LayerNorm")
         self.layers = []
+        names = self.layer_names
         for i in range(config["num_hidden_layers"]):
             p = f"encoder.layer.{i}"
             self.layers.append(
                 _Layer(
-                    qkv=linear([f"{p}.attention.self.{n}" for n in ("query", "key", "value")]),
-                    out=linear([f"{p}.attention.output.dense"]),
-                    attn_norm=norm(f"{p}.attention.output.LayerNorm"),
-                    up=linear([f"{p}.intermediate.dense"]),
-                    down=linear([f"{p}.output.dense"]),
-                    ffn_norm=norm(f"{p}.output.LayerNorm"),
+                    qkv=linear([f"{p}.{n}" for n in names["qkv"]]),
+                    out=linear([f"{p}.{names['out']}"]),
+                    attn_norm=norm(f"{p}.{names['attn_norm']}"),
+                    up=linear([f"{p}.{names['up']}"]),
+                    down=linear([f"{p}.{names['down']}"]),
+                    ffn_norm=norm(f"{p}.{names['ffn_norm']}"),
                 )
             )
 
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states."""
         spec = self.attention_spec
-        types = self.token_type_embedding
-        if batch.token_type_ids is not None:
-            types = self.token_type_embeddings[batch.token_type_ids]
         positions = batch.positions + self.position_offset if self.position_offset else batch.positions
-        x = self.word_embeddings[batch.input_ids] + self.position_embeddings[positions] + types
+        x = self.word_embeddings[batch.input_ids] + self.position_embeddings[positions]
+        if batch.token_type_ids is not None and self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings[batch.token_type_ids]
+        elif self.token_type_embedding is not None:
+            x = x + self.token_type_embedding
         x = F.layer_norm(x, (self.hidden,), *self.embed_norm, self.eps)
         for layer in self.layers:
             qkv = layer.qkv(x).view(-1, 3, spec.num_heads, spec.head_dim)
@@ -105,7 +119,7 @@ class Bert:
         return x
 
     @staticmethod
-    def score_head(weights: dict[str, torch.Tensor], tokenizer: object) -> TanhClassifier:
+    def score_head(weights: dict[str, torch.Tensor], tokenizer: object, config: dict) -> TanhClassifier:
         """BertForSequenceClassification's pooler and classifier."""
         return TanhClassifier(
             weights["pooler.dense.weight"], weights["pooler.dense.bias"],

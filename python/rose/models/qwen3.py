@@ -26,7 +26,7 @@ class Qwen3(DecoderStack):
         return DecoderWeights(self.layers, self.embed_tokens, self.rope, self.norm, self.attention_spec, self.eps)
 
     @staticmethod
-    def score_head(weights: dict[str, torch.Tensor], tokenizer: Any) -> RowScore:
+    def score_head(weights: dict[str, torch.Tensor], tokenizer: Any, config: dict) -> RowScore:
         """Qwen3-Reranker's score, sigmoid(logit_yes - logit_no) at the last token: the difference
         of the LM head's rows of the tokenizer's "yes" and "no" (the embedding's rows when the head
         is tied to it)."""

@@ -21,7 +21,7 @@ class XlmRoberta(Bert):
         self.position_offset = int(config.get("pad_token_id", 1)) + 1
 
     @staticmethod
-    def score_head(weights: dict[str, torch.Tensor], tokenizer: object) -> TanhClassifier:
+    def score_head(weights: dict[str, torch.Tensor], tokenizer: object, config: dict) -> TanhClassifier:
         """XLMRobertaForSequenceClassification's classification head."""
         return TanhClassifier(
             weights["classifier.dense.weight"], weights["classifier.dense.bias"],

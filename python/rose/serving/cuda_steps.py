@@ -42,12 +42,15 @@ class CudaSteps:
         self.inputs = DeviceInputs(device, *bucket(max_tokens, max_sequences), self._stream)
         self.timeline = StepTimeline()
         self._last_copy: torch.cuda.Event | None = None
-        self.graphs = None if graphs == "off" else CudaGraphs(graphs, max_graphs, attention, self._stream)
+        # A backend whose launches follow each batch's lengths cannot be captured.
+        off = graphs == "off" or not attention.graph_safe
+        self.graphs = None if off else CudaGraphs(graphs, max_graphs, attention, self._stream)
 
     def use_attention(self, attention: AttentionBackend) -> None:
         """A new backend comes with graphs of its own."""
         if self.graphs is not None:
-            self.graphs = CudaGraphs(self.graphs.mode, self.graphs.max_graphs, attention, self._stream)
+            mode, most = self.graphs.mode, self.graphs.max_graphs
+            self.graphs = CudaGraphs(mode, most, attention, self._stream) if attention.graph_safe else None
 
     def step(
         self,

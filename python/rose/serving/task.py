@@ -55,13 +55,13 @@ def resolve(
 
     tokenizer = Tokenizer.from_str(model_dir.tokenizer_json().decode())
     try:
-        head = family.score_head(weights, tokenizer)
+        head = family.score_head(weights, tokenizer, model_dir.config)
     except KeyError as missing:
         raise ModelError(f"{model_dir.path} has no score head ({missing} is missing); use --task embed") from None
     if classifier:
         names = model_dir.config.get("id2label") or {"0": "LABEL_0"}
         labels = [names[k] for k in sorted(names, key=int)]
-        return Scoring(head, labels, family.score_pooling)
+        return Scoring(head, labels, getattr(head, "pooling", family.score_pooling))
     template = {
         **QWEN3_RERANKER_TEMPLATE,
         "default_instruction": instruction or QWEN3_RERANKER_TEMPLATE["default_instruction"],
