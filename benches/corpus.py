@@ -57,3 +57,22 @@ def queries(
         if query and min_tokens <= count_tokens(query) <= max_tokens:
             out.append(query)
     return out
+
+
+def passages(
+    count: int, min_tokens: int, max_tokens: int, count_tokens: Callable[[str], int], seed: int = 0
+) -> list[str]:
+    """`count` passages of consecutive sentences of about min_tokens to max_tokens (each sentence
+    tokenized once: benches/corpus.documents retokenizes every passage as it grows)."""
+    rng = random.Random(seed)
+    pool = sentences()
+    lengths = [count_tokens(s) for s in pool]
+    out = []
+    while len(out) < count:
+        target, i, total, parts = rng.randint(min_tokens, max_tokens), rng.randrange(len(pool)), 2, []
+        while total + lengths[i % len(pool)] <= max_tokens and (total < target or not parts):
+            parts.append(pool[i % len(pool)])
+            total += lengths[i % len(pool)]
+            i += 1
+        out.append(" ".join(parts) or pool[i % len(pool)][:200])
+    return out

@@ -16,39 +16,20 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import random
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from corpus import sentences  # noqa: E402
+from corpus import passages  # noqa: E402
 from support import start_server  # noqa: E402
-
-
-def passages(count: int, min_tokens: int, max_tokens: int, count_tokens: Callable[[str], int]) -> list[str]:
-    """`count` passages of consecutive sentences of about min_tokens to max_tokens (each sentence
-    tokenized once: benches/corpus.documents retokenizes every passage as it grows)."""
-    rng = random.Random(0)
-    pool = sentences()
-    lengths = [count_tokens(s) for s in pool]
-    out = []
-    while len(out) < count:
-        target, i, total, parts = rng.randint(min_tokens, max_tokens), rng.randrange(len(pool)), 2, []
-        while total + lengths[i % len(pool)] <= max_tokens and (total < target or not parts):
-            parts.append(pool[i % len(pool)])
-            total += lengths[i % len(pool)]
-            i += 1
-        out.append(" ".join(parts) or pool[i % len(pool)][:200])
-    return out
 
 
 def server_rate(url: str, texts: list[str], batch: int, concurrency: int) -> float:

@@ -192,17 +192,75 @@ def save_tiny_bert(folder: Path, pooling: str, prefix: str = "") -> Path:
     return folder
 
 
-def save_as_sentence_transformer(folder: Path, base: Path, pooling: str, max_seq_length: int) -> Path:
+def save_as_sentence_transformer(
+    folder: Path,
+    base: Path,
+    pooling: str,
+    max_seq_length: int,
+    dense: tuple[int, ...] = (),
+    prompts: dict | None = None,
+) -> Path:
     """`base` (a transformers folder) saved by sentence-transformers as its published embedders
-    are: Transformer, Pooling, Normalize, with their module folders and configs."""
+    are: Transformer, Pooling, Dense modules of widths `dense` (no bias, as EmbeddingGemma's),
+    Normalize, with their module folders, configs and `prompts`."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
     transformer = Transformer(str(base), max_seq_length=max_seq_length)
     dimension = transformer.get_embedding_dimension()
-    modules = [transformer, Pooling(dimension, pooling), Normalize()]
-    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    modules = [transformer, Pooling(dimension, pooling)]
+    for width in dense:
+        modules.append(Dense(dimension, width, bias=False, activation_function=torch.nn.Identity()))
+        dimension = width
+    modules.append(Normalize())
+    SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(folder))
     return folder
+
+
+EMBEDDINGGEMMA_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}
+
+
+EMBEDDINGGEMMA = dict(hidden_size=768, num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1,
+                      head_dim=256, query_pre_attn_scalar=256, intermediate_size=1152, sliding_window=512,
+                      max_position_embeddings=2048)  # fmt: skip
+"""EmbeddingGemma-300m's widths (the benchmark's shape, with Dense 768 -> 3072 -> 768)."""
+
+
+def save_embeddinggemma(folder: Path, dense: tuple[int, ...] = (256, 64), **sizes: int) -> Path:
+    """A random Gemma3TextModel in EmbeddingGemma's form: bidirectional, local layers within a
+    window (32 tokens unless `sizes` say) and a global one, QK-norm, GQA, its own score scale; mean
+    pooling, two Dense modules (64 -> 256 -> 64 here, 768 -> 3072 -> 768 published), Normalize,
+    its prompts."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    torch.manual_seed(6)
+    shape = {**dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                    query_pre_attn_scalar=24, intermediate_size=96, max_position_embeddings=1024, sliding_window=32),
+             **sizes}  # fmt: skip
+    # Every sixth layer global, as published, and the last one (the tests' three layers: two local, one global).
+    layers = shape["num_hidden_layers"]
+    kinds = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)]
+    config = Gemma3TextConfig(
+        **shape, vocab_size=30522, use_bidirectional_attention=True, pad_token_id=0, bos_token_id=101,
+        eos_token_id=102, layer_types=kinds,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    )  # fmt: skip
+    model = Gemma3TextModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)  # (1 + w): gains of 0.5-1.5
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(10)  # attention that a wrong window or RoPE base would change
+    base = folder.parent / f"{folder.name}-base"
+    base.mkdir(parents=True, exist_ok=True)
+    _finish(base, model, "mean", "", {})
+    # all-MiniLM-L6-v2's tokenizer in place of Gemma's (which no installed package ships).
+    tokens = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]"}
+    tokenizer = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1024, **tokens}
+    (base / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    return save_as_sentence_transformer(folder, base, "mean", 1024, dense=dense, prompts=EMBEDDINGGEMMA_PROMPTS)
 
 
 MODERNBERT_SIZES = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
@@ -236,14 +294,19 @@ def save_modernbert(folder: Path, pooling: str) -> Path:
     return save_as_sentence_transformer(folder, base, pooling, 1024)
 
 
-def save_mpnet(folder: Path) -> Path:
-    """A random 2-layer MPNetModel in all-mpnet-base-v2's form (mean pooling, Normalize, 384
-    tokens), its relative position bias made large enough that a wrong bucket would show."""
+MPNET_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+"""all-mpnet-base-v2's widths (the benchmark's shape; the tests' default is tiny)."""
+
+
+def save_mpnet(folder: Path, **sizes: int) -> Path:
+    """A random MPNetModel (2 tiny layers unless `sizes` say) in all-mpnet-base-v2's form (mean
+    pooling, Normalize, 384 tokens), its relative position bias made large enough that a wrong
+    bucket would show."""
     from transformers import MPNetConfig, MPNetModel
 
     torch.manual_seed(3)
-    config = MPNetConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                         vocab_size=30527, max_position_embeddings=514)  # fmt: skip
+    shape = {**dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128), **sizes}
+    config = MPNetConfig(**shape, vocab_size=30527, max_position_embeddings=514)
     model = MPNetModel(config, add_pooling_layer=False).eval()
     with torch.no_grad():
         model.encoder.relative_attention_bias.weight.normal_(0.0, 2.0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import rose
-from support import cosines, encode, save_modernbert, save_mpnet
+from support import EMBEDDINGGEMMA_PROMPTS, cosines, encode, save_embeddinggemma, save_modernbert, save_mpnet
 
 TEXTS = [
     "a",
@@ -51,3 +51,18 @@ def test_modernbert_matches_sentence_transformers(tmp_path: Path, pooling: str) 
     assert cosines(ours, expected).min() >= 0.9999
     alone = np.concatenate([encode(engine, [t]) for t in TEXTS])
     np.testing.assert_allclose(alone, ours, atol=1e-5)
+
+
+def test_embeddinggemma_matches_sentence_transformers_with_its_prompts(tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = save_embeddinggemma(tmp_path / "embeddinggemma")
+    engine = rose.Engine(folder, device="cpu")
+    assert engine.model_dir.model_type == "gemma3_text" and engine.dimensions == 64
+    assert engine.model_dir.modules == ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
+    assert engine.model_dir.prompts == EMBEDDINGGEMMA_PROMPTS
+    st = SentenceTransformer(str(folder), device="cpu")
+    for name, prompt in EMBEDDINGGEMMA_PROMPTS.items():
+        expected = st.encode(TEXTS, prompt_name=name, convert_to_numpy=True)
+        ours = encode(engine, [prompt + t for t in TEXTS])
+        assert cosines(ours, expected).min() >= 0.9999, name

@@ -22,13 +22,15 @@ class AttentionSpec:
     window: int | None = None
     """A sliding window's half width for the layers that ask for one (`windowed=True`): a query
     sees the keys at most `window` positions away on either side (ModernBERT's local layers)."""
+    softmax_scale: float | None = None
+    """The scores' scale where the model sets its own (Gemma3's query_pre_attn_scalar ** -0.5)."""
     relative_bias: torch.Tensor | None = field(default=None, compare=False, repr=False)
     """[heads, 2 * longest - 1]: a bias added to the scores by key-minus-query distance
     (index d + longest - 1), as MPNet's; only backends with `takes_relative_bias` add it."""
 
     @property
     def scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.softmax_scale if self.softmax_scale is not None else self.head_dim**-0.5
 
 
 class BackendUnavailable(RuntimeError):

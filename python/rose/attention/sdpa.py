@@ -75,9 +75,11 @@ class SdpaBackend(AttentionBackend):
                     mask = mask & torch.ones(length, length, dtype=torch.bool, device=self.device).tril()[None, None]
             window_mask = None
             if self.spec.window is not None and length > self.spec.window + 1:
-                slot_distance = (slot[None, :] - slot[:, None]).abs()
-                band = (slot_distance <= self.spec.window)[None, None]
-                window_mask = band if mask is None else mask & band
+                offset = slot[None, :] - slot[:, None]  # key minus query
+                band = offset.abs() <= self.spec.window
+                if self.spec.causal:
+                    band &= offset <= 0
+                window_mask = band[None, None] if mask is None else mask & band[None, None]
             if self.spec.relative_bias is not None:
                 mask = self._biased(length, mask)
             group = _Group(gather.flatten(), keep.flatten(), mask, len(members), length, window_mask)

@@ -150,10 +150,18 @@ def _pooling(root: Path, modules: list[dict[str, Any]], config: dict[str, Any]) 
 
 
 def _max_input_length(root: Path, config: dict[str, Any]) -> int:
+    """The most tokens an input may have: the model's positions, or fewer where
+    sentence-transformers says (`max_seq_length` in sentence_bert_config.json; version 6 writes it
+    as the tokenizer's `model_max_length` instead)."""
     positions = int(config.get("max_position_embeddings") or 512)
-    if config.get("model_type") in ("roberta", "xlm-roberta"):
+    if config.get("model_type") in ("roberta", "xlm-roberta", "mpnet"):
         positions -= int(config.get("pad_token_id", 1)) + 1  # positions start after the padding id
     st_bert = _read_json(root / "sentence_bert_config.json") or {}
     if st_bert.get("max_seq_length"):
         return min(int(st_bert["max_seq_length"]), positions)
+    if (root / "modules.json").is_file():
+        tokenizer = _read_json(root / "tokenizer_config.json") or {}
+        limit = tokenizer.get("model_max_length")
+        if isinstance(limit, int) and 0 < limit < positions:
+            return limit
     return positions

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rose.errors import ModelError
 from rose.models.bert import Bert
+from rose.models.gemma3 import Gemma3
 from rose.models.llama import Llama
 from rose.models.modernbert import ModernBert
 from rose.models.mpnet import MPNet
@@ -27,6 +28,7 @@ MODELS: dict[str, type] = {
     "roberta": XlmRoberta,
     "mpnet": MPNet,
     "modernbert": ModernBert,
+    "gemma3_text": Gemma3,
 }
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+from rose.errors import ModelError
 
 
 class Linear:
@@ -47,3 +51,26 @@ class Weights:
         if all(f"{p}.bias" in self for p in prefixes):
             bias = torch.cat([self(f"{p}.bias") for p in prefixes])
         return Linear(weight, bias, self.dtype, self.matmul_dtype)
+
+
+def sliding_layers(config: dict, sliding: Callable[[int], bool]) -> list[bool]:
+    """Whether each layer attends within the sliding window: config.json's `layer_types`
+    (transformers 5), else the family's rule `sliding(layer index)` for older configs."""
+    types = config.get("layer_types")
+    if types:
+        return [kind == "sliding_attention" for kind in types]
+    return [sliding(i) for i in range(config["num_hidden_layers"])]
+
+
+def rope_bases(config: dict, keys: tuple[str, str], defaults: tuple[float, float]) -> tuple[float, float]:
+    """The RoPE bases of the global and the sliding-window layers: `rope_parameters` per layer
+    type (transformers 5), else the older top-level `keys`, else `defaults`."""
+    params = config.get("rope_parameters") or {}
+
+    def base(kind: str, key: str, default: float) -> float:
+        own = params.get(kind) or {}
+        if own.get("rope_type", "default") != "default":
+            raise ModelError(f"RoPE scaling {own['rope_type']!r} of the {kind} layers is not supported")
+        return float(own.get("rope_theta") or config.get(key) or default)
+
+    return base("full_attention", keys[0], defaults[0]), base("sliding_attention", keys[1], defaults[1])

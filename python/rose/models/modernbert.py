@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
-from rose.models.layers import Linear, Weights
+from rose.models.layers import Linear, Weights, rope_bases, sliding_layers
 from rose.ops import kernels
 
 _ACTIVATIONS = {
@@ -33,24 +33,6 @@ class _Layer:
     up: Linear  # GeGLU's input and gate, in that order
     down: Linear
     local: bool  # within the sliding window, with the local RoPE base
-
-
-def layer_kinds(config: dict) -> list[bool]:
-    """Whether each layer attends within the sliding window: config.json's `layer_types`
-    (transformers 5), else every layer but each `global_attn_every_n_layers`-th."""
-    types = config.get("layer_types")
-    if types:
-        return [kind == "sliding_attention" for kind in types]
-    every = int(config.get("global_attn_every_n_layers", 3))
-    return [bool(i % every) for i in range(config["num_hidden_layers"])]
-
-
-def rope_bases(config: dict) -> tuple[float, float]:
-    """The global and local layers' RoPE bases, from `rope_parameters` or the older fields."""
-    params = config.get("rope_parameters") or {}
-    global_theta = (params.get("full_attention") or {}).get("rope_theta") or config.get("global_rope_theta") or 160000.0
-    local_theta = (params.get("sliding_attention") or {}).get("rope_theta") or config.get("local_rope_theta")
-    return float(global_theta), float(local_theta or global_theta)
 
 
 class ModernBert:
@@ -77,7 +59,7 @@ class ModernBert:
         window = int(config.get("local_attention", 128)) // 2
         self.attention_spec = AttentionSpec(heads, heads, head_dim, causal=False, window=window)
         longest = int(config.get("max_position_embeddings", 8192))
-        global_theta, local_theta = rope_bases(config)
+        global_theta, local_theta = rope_bases(config, ("global_rope_theta", "local_rope_theta"), (160000.0, 10000.0))
         self.rope_global = kernels.rope_cache(head_dim, longest, global_theta, device)
         self.rope_local = kernels.rope_cache(head_dim, longest, local_theta, device)
 
@@ -90,7 +72,9 @@ class ModernBert:
         self.embed_norm = norm("embeddings.norm")
         self.final_norm = norm("final_norm")
         self.layers = []
-        for i, local in enumerate(layer_kinds(config)):
+        # Older configs: every layer but each `global_attn_every_n_layers`-th is local.
+        every = int(config.get("global_attn_every_n_layers", 3))
+        for i, local in enumerate(sliding_layers(config, lambda i: bool(i % every))):
             p = f"layers.{i}"
             self.layers.append(
                 _Layer(
