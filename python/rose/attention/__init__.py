@@ -66,6 +66,9 @@ class AutoBackend(AttentionBackend):
     others (torch's varlen kernel, the Triton kernel) and imports the rest on a background thread
     (`import_deferred`), then builds a full AutoBackend once they are in."""
 
+    name = "auto"
+    takes_window = True  # it routes only to the backends that load for the spec
+
     def __init__(
         self, spec: AttentionSpec, device: torch.device, max_length: float = math.inf, defer: bool = False
     ) -> None:

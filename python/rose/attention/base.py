@@ -51,9 +51,9 @@ class AttentionBackend(ABC):
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         if spec.relative_bias is not None and not self.takes_relative_bias:
-            raise BackendUnavailable(f"{self.name} does not add a relative position bias")
+            raise BackendUnavailable(f"{type(self).__name__} does not add a relative position bias")
         if spec.window is not None and not self.takes_window:
-            raise BackendUnavailable(f"{self.name} takes no symmetric sliding window")
+            raise BackendUnavailable(f"{type(self).__name__} takes no symmetric sliding window")
         self.spec = spec
         self.device = device
 

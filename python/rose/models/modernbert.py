@@ -100,7 +100,8 @@ class ModernBert:
         for layer in self.layers:
             h = x if layer.attn_norm is None else self._norm(x, layer.attn_norm)
             qkv = layer.qkv(h).view(-1, 3, spec.num_heads, spec.head_dim)
-            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+            # RoPE rotates q and k in place, which the GPU's kernel does on contiguous tensors.
+            q, k, v = qkv[:, 0].contiguous(), qkv[:, 1].contiguous(), qkv[:, 2]
             kernels.apply_rope(q, k, batch.positions, self.rope_local if layer.local else self.rope_global)
             attn = attention(q, k, v, windowed=layer.local).reshape(-1, self.hidden)
             x = x + layer.out(attn)
