@@ -12,7 +12,7 @@ from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
 from rose.models.heads import TanhClassifier
-from rose.models.layers import Linear, Weights
+from rose.models.layers import ACTIVATIONS, Linear, Weights
 
 
 @dataclass
@@ -23,14 +23,6 @@ class _Layer:
     up: Linear
     down: Linear
     ffn_norm: tuple[torch.Tensor, torch.Tensor]
-
-
-_ACTIVATIONS = {
-    "gelu": lambda x: F.gelu(x),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 
 
 class Bert:
@@ -63,7 +55,7 @@ class Bert:
             raise ModelError("only absolute position embeddings are supported for BERT models")
         self.hidden = config["hidden_size"]
         self.eps = config.get("layer_norm_eps", 1e-12)
-        self.activation = _ACTIVATIONS[config.get("hidden_act", "gelu")]
+        self.activation = ACTIVATIONS[config.get("hidden_act", "gelu")]
         heads = config["num_attention_heads"]
         self.attention_spec = AttentionSpec(heads, heads, self.hidden // heads, causal=False)
 

@@ -9,6 +9,15 @@ import torch.nn.functional as F
 
 from rose.errors import ModelError
 
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "relu": F.relu,
+}
+"""config.json's activation names, as transformers' ACT2FN computes them."""
+
 
 class Linear:
     """A dense layer. Its matmul may run in a narrower dtype than the activations (the `mixed`

@@ -12,16 +12,8 @@ import torch.nn.functional as F
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
-from rose.models.layers import Linear, Weights, rope_bases, sliding_layers
+from rose.models.layers import ACTIVATIONS, Linear, Weights, rope_bases, sliding_layers
 from rose.ops import kernels
-
-_ACTIVATIONS = {
-    "gelu": lambda x: F.gelu(x),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "relu": F.relu,
-}
 
 
 @dataclass
@@ -52,7 +44,7 @@ class ModernBert:
     ) -> None:
         self.hidden = config["hidden_size"]
         self.eps = config.get("norm_eps", 1e-5)
-        self.activation = _ACTIVATIONS[config.get("hidden_activation", "gelu")]
+        self.activation = ACTIVATIONS[config.get("hidden_activation", "gelu")]
         heads = config["num_attention_heads"]
         head_dim = self.hidden // heads
         # `local_attention` is the window's whole width: half of it on each side of a query.
@@ -124,7 +116,7 @@ class ModernBertHead:
         self.dense, self.dense_bias = weights["head.dense.weight"].float().contiguous(), get("head.dense.bias")
         self.norm, self.norm_bias = get("head.norm.weight"), get("head.norm.bias")
         self.out, self.out_bias = weights["classifier.weight"].float().contiguous(), get("classifier.bias")
-        self.activation = _ACTIVATIONS[config.get("classifier_activation", "gelu")]
+        self.activation = ACTIVATIONS[config.get("classifier_activation", "gelu")]
         self.eps = config.get("norm_eps", 1e-5)
         self.pooling = config.get("classifier_pooling", "cls")
         if self.pooling not in ("cls", "mean"):

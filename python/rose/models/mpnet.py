@@ -42,21 +42,15 @@ class MPNet(Bert):
         "ffn_norm": "output.LayerNorm",
     }
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        dtype: torch.dtype,
-        device: torch.device,
-        matmul_dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(config, weights, dtype, device, matmul_dtype)
+    def __init__(self, config: dict, weights: dict[str, torch.Tensor], *args: object, **kwargs: object) -> None:
+        super().__init__(config, weights, *args, **kwargs)
         # Position ids start at padding_idx + 1, as RoBERTa's do.
         self.position_offset = int(config.get("pad_token_id", 1)) + 1
         buckets = int(config.get("relative_attention_num_buckets", 32))
         longest = int(config["max_position_embeddings"])
         # bias[h, d + longest - 1] for distance d = key - query in (-longest, longest).
         distances = torch.arange(-longest + 1, longest)
-        table = weights["encoder.relative_attention_bias.weight"].to(device=device, dtype=torch.float32)
-        by_distance = table[relative_bucket(distances, buckets).to(device)].T.contiguous()
-        self.attention_spec = dataclasses.replace(self.attention_spec, relative_bias=by_distance.to(dtype))
+        table = weights["encoder.relative_attention_bias.weight"].to(self.word_embeddings.device, torch.float32)
+        by_distance = table[relative_bucket(distances, buckets).to(table.device)].T.contiguous()
+        bias = by_distance.to(self.word_embeddings.dtype)
+        self.attention_spec = dataclasses.replace(self.attention_spec, relative_bias=bias)
