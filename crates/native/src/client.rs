@@ -175,7 +175,12 @@ impl GatewayClient {
             .detach(|| self.runtime.block_on(self.gateway.embed("python", call)))
             .map_err(to_py)?;
         let v = embedded.vectors;
-        Ok((PyBytes::new(py, &v.data), v.count, v.dimensions, embedded.tokens))
+        Ok((
+            PyBytes::new(py, &v.data),
+            v.count,
+            v.dimensions,
+            embedded.tokens,
+        ))
     }
 
     /// The documents ranked against `query`, best first (Ivy's `score::rank`): (index, score) for

@@ -212,7 +212,10 @@ fn run(
 }
 
 /// Loads ROSE under a Tulip scheduler in this process (the model folder already resolved).
-pub(crate) async fn start_engine(engine: EngineArgs, tulip: TulipArgs) -> Result<Scheduler, String> {
+pub(crate) async fn start_engine(
+    engine: EngineArgs,
+    tulip: TulipArgs,
+) -> Result<Scheduler, String> {
     tokio::task::spawn_blocking(move || Scheduler::start(move || Rose::load(&engine, &tulip)))
         .await
         .map_err(|e| e.to_string())?
