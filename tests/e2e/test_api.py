@@ -137,3 +137,14 @@ def test_help_groups_the_flags_and_version_answers() -> None:
     assert "--model" in model and "--revision" in model and "--port" not in model
     version = subprocess.run(["ivy-serve", "--version"], capture_output=True, text=True, timeout=60, check=True)
     assert version.stdout.startswith("ivy-serve 0.")
+
+
+def test_every_answer_carries_a_request_id(server: Server) -> None:
+    import uuid
+
+    made = post(server, "/embed", {"inputs": ["id me"]}).headers["x-request-id"]
+    assert uuid.UUID(made).version == 4
+    mine = requests.post(f"{server.url}/embed", json={"inputs": []}, headers={"x-request-id": "client-7"}, timeout=30)
+    assert mine.status_code == 422 and mine.headers["x-request-id"] == "client-7"
+    missing = requests.get(f"{server.url}/no/such/route", timeout=30)
+    assert missing.status_code == 404 and missing.headers["x-request-id"] != made

@@ -10,11 +10,15 @@ mod status;
 mod tei;
 mod timing;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use swagger_ui_dist::{ApiDefinition, OpenApiSource};
+use tower_http::request_id::{
+    MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
+use tower_http::trace::TraceLayer;
 use utoipa::openapi::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -24,7 +28,8 @@ use crate::gateway::Gateway;
 
 /// All routes of the gateway, with `/openapi.json` (the spec, generated from the routes'
 /// annotations as they are registered, so a route cannot be served without being described) and
-/// `/docs` (Swagger UI, whose assets are compiled in).
+/// `/docs` (Swagger UI, whose assets are compiled in). Every answer carries an `x-request-id`
+/// (the client's when it sent one, else a new UUID), which every log line about it names.
 pub fn router(gateway: Gateway) -> Router {
     let payload_limit = gateway.args().payload_limit;
     let (routes, spec) = api().split_for_parts();
@@ -39,6 +44,20 @@ pub fn router(gateway: Gateway) -> Router {
         .layer(DefaultBodyLimit::max(payload_limit))
         .with_state(gateway)
         .merge(swagger_ui_dist::generate_routes(docs))
+        // Outermost first: the id is set, then the request's span opens with it, then it goes
+        // back on the answer.
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+}
+
+/// The span every log line about one request sits in.
+fn request_span(request: &Request) -> tracing::Span {
+    let id = request.extensions().get::<RequestId>();
+    let id = id
+        .and_then(|id| id.header_value().to_str().ok())
+        .unwrap_or("-");
+    tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path())
 }
 
 /// The routes and their OpenAPI description, built together.
