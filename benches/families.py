@@ -18,35 +18,19 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from corpus import passages  # noqa: E402
 from support import EMBEDDINGGEMMA, MPNET_BASE, save_embeddinggemma, save_mpnet, start_server  # noqa: E402
+from timing import http_batches  # noqa: E402
 
 FAMILIES = {
     "mpnet": (MPNET_BASE, lambda folder, sizes: save_mpnet(folder, **sizes)),
     "embeddinggemma": (EMBEDDINGGEMMA, lambda folder, sizes: save_embeddinggemma(folder, (3072, 768), **sizes)),
 }
-
-
-def server_pass(url: str, texts: list[str], batch: int, concurrency: int) -> tuple[float, int]:
-    """Seconds and tokens to embed `texts` in client batches, `concurrency` in flight."""
-    session = requests.Session()
-
-    def post(chunk: list[str]) -> int:
-        response = session.post(f"{url}/v1/embeddings", json={"input": chunk, "encoding_format": "base64"}, timeout=600)
-        response.raise_for_status()
-        return response.json()["usage"]["prompt_tokens"]
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        tokens = sum(pool.map(post, [texts[i : i + batch] for i in range(0, len(texts), batch)]))
-    return time.perf_counter() - start, tokens
 
 
 def main() -> None:
@@ -75,10 +59,10 @@ def main() -> None:
     server = start_server(tmp, "--model", str(folder), "--device", args.device)
     ratios, ours, theirs = [], [], []
     try:
-        server_pass(server.url, texts[: args.batch * 2], args.batch, 4)  # warm-up
+        http_batches(server.url, texts[: args.batch * 2], args.batch, 4, "base64")  # warm-up
         st.encode(texts[: args.batch * 2], batch_size=args.batch)
         for s in range(args.slices):
-            seconds, tokens = server_pass(server.url, texts, args.batch, 4)
+            seconds, tokens = http_batches(server.url, texts, args.batch, 4, "base64")
             start = time.perf_counter()
             st.encode(texts, batch_size=args.batch)
             if on_gpu:

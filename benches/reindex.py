@@ -21,33 +21,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import requests
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from corpus import passages  # noqa: E402
 from support import start_server  # noqa: E402
+from timing import http_batches  # noqa: E402
 
 
 def server_rate(url: str, texts: list[str], batch: int, concurrency: int) -> float:
     """tokens/s of the server posting `texts` in length-sorted batches, `concurrency` in flight."""
-    ordered = sorted(texts, key=len, reverse=True)
-    batches = [ordered[i : i + batch] for i in range(0, len(ordered), batch)]
-    session = requests.Session()
-
-    def post(chunk: list[str]) -> int:
-        body = {"input": chunk, "encoding_format": "bytes"}
-        response = session.post(f"{url}/v1/embeddings", json=body, timeout=600)
-        response.raise_for_status()
-        return json.loads(response.headers["metadata"])["usage"]["prompt_tokens"]
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        tokens = sum(pool.map(post, batches))
-    return tokens / (time.perf_counter() - start)
+    seconds, tokens = http_batches(url, sorted(texts, key=len, reverse=True), batch, concurrency)
+    return tokens / seconds
 
 
 def ivy_embed_rate(corpus: Path, out: Path, *flags: str) -> float:

@@ -171,16 +171,21 @@ def test_bad_requests_get_a_4xx_naming_the_problem(bert, route, body, status, me
     assert post(server, "/rerank", {"query": QUERY, "texts": ["still serving"]}).status_code == 200
 
 
-def test_an_xlm_roberta_reranker_matches_transformers(tmp_path: Path) -> None:
-    folder = save_cross_encoder(tmp_path / "bge-reranker-tiny", "xlm-roberta")
-    docs = candidates(40)
+def served_ranks(tmp_path: Path, folder: Path, docs: list[str]) -> list[tuple[int, float]]:
+    """`docs` ranked against QUERY by a server of `folder`, over TEI's /rerank."""
     server = start_server(tmp_path, "--model", str(folder))
     try:
         got = post(server, "/rerank", {"query": QUERY, "texts": docs, "truncate": True}).json()
     finally:
         server.stop()
+    return [(r["index"], r["score"]) for r in got]
+
+
+def test_an_xlm_roberta_reranker_matches_transformers(tmp_path: Path) -> None:
+    folder = save_cross_encoder(tmp_path / "bge-reranker-tiny", "xlm-roberta")
+    docs = candidates(40)
     expected = sigmoid(classifier_logits(folder, [pair_ids(folder, QUERY, d) for d in docs])[:, 0])
-    assert_ranked_like([(r["index"], r["score"]) for r in got], expected)
+    assert_ranked_like(served_ranks(tmp_path, folder, docs), expected)
 
 
 def test_a_modernbert_cross_encoder_matches_cross_encoder_predict(tmp_path: Path) -> None:
@@ -188,13 +193,8 @@ def test_a_modernbert_cross_encoder_matches_cross_encoder_predict(tmp_path: Path
 
     folder = save_cross_encoder(tmp_path / "gte-reranker-modernbert-tiny", "modernbert")
     docs = candidates(40)
-    server = start_server(tmp_path, "--model", str(folder))
-    try:
-        got = post(server, "/rerank", {"query": QUERY, "texts": docs, "truncate": True}).json()
-    finally:
-        server.stop()
     expected = CrossEncoder(str(folder), device="cpu").predict([(QUERY, d) for d in docs])
-    assert_ranked_like([(r["index"], r["score"]) for r in got], expected)
+    assert_ranked_like(served_ranks(tmp_path, folder, docs), expected)
 
 
 def test_a_qwen3_reranker_scores_yes_against_no_as_published(tmp_path: Path) -> None:

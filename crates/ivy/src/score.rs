@@ -153,6 +153,7 @@ impl Gateway {
         timings.total = start.elapsed();
         timings.tokens = tokens;
         timings.characters = characters;
+        crate::metrics::record("tei_predict", scores.len() / labels.max(1), &timings);
         Ok((scores, labels, tokens, timings))
     }
 

@@ -100,9 +100,8 @@ class Gemma3:
             )
 
     def _norm(self, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
-        """Gemma's RMSNorm: normed in float32 and scaled by (1 + w) before the cast back."""
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * gain.float()).to(x.dtype)
+        """Gemma's RMSNorm: the shared one with the (1 + w) gain made at load."""
+        return kernels.rmsnorm(x, gain, self.eps)
 
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states."""

@@ -94,11 +94,6 @@ fn info() -> OpenApi {
     spec
 }
 
-/// The spec, for tests and tools that read it without a server.
-pub fn openapi() -> OpenApi {
-    api().split_for_parts().1
-}
-
 async fn not_found() -> (StatusCode, Json<ErrorBody>) {
     let body = ErrorBody {
         error: "no such route".into(),
