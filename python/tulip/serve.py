@@ -55,3 +55,8 @@ def main() -> None:
 def tulip_main() -> None:
     """`tulip-serve`: Tulip and ROSE alone, for Ivy gateways elsewhere (`--tulip-endpoint`)."""
     _run(serve_tulip, "tulip-serve")
+
+
+if __name__ == "__main__":
+    # `python -m tulip.serve FLAGS` is `tulip-serve FLAGS`: how ivy-serve starts its workers.
+    tulip_main()

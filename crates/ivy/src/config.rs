@@ -1,6 +1,8 @@
 //! Ivy's command-line flags (each also readable from an environment variable). Names follow
 //! text-embeddings-inference where it has the same flag.
 
+use std::time::Duration;
+
 use clap::Args;
 use tulip::config::heading;
 
@@ -40,7 +42,8 @@ pub struct IvyArgs {
     #[arg(long, env = "DEFAULT_PROMPT_NAME", help_heading = heading::MODEL)]
     pub default_prompt_name: Option<String>,
 
-    /// Tulip servers to use instead of starting one in-process (repeat or comma-separate).
+    /// Tulip servers to use instead of starting one in-process (repeat or comma-separate):
+    /// http://ADDRESS:PORT for one replica, http://NAME:PORT for every address NAME resolves to.
     #[arg(
         long = "tulip-endpoint",
         env = "TULIP_ENDPOINTS",
@@ -48,6 +51,36 @@ pub struct IvyArgs {
         help_heading = heading::SCALING
     )]
     pub tulip_endpoints: Vec<String>,
+
+    /// Seconds a chunk may take on one Tulip before it is sent to another (a hung replica's
+    /// chunks are retried, not waited for).
+    #[arg(long, env = "REPLICA_TIMEOUT", default_value = "60", value_parser = seconds,
+          help_heading = heading::SCALING)]
+    pub replica_timeout: Duration,
+
+    /// Seconds between two gRPC health checks of each Tulip.
+    #[arg(long, env = "HEALTH_INTERVAL", default_value = "1", value_parser = seconds,
+          help_heading = heading::SCALING)]
+    pub health_interval: Duration,
+
+    /// Seconds a health check may take before the Tulip counts as down (and gets no chunks).
+    #[arg(long, env = "HEALTH_TIMEOUT", default_value = "3", value_parser = seconds,
+          help_heading = heading::SCALING)]
+    pub health_timeout: Duration,
+
+    /// Seconds between two lookups of a --tulip-endpoint that is a DNS name (a headless
+    /// Service: one address per replica), so that replicas join and leave without a restart.
+    #[arg(long, env = "DISCOVERY_INTERVAL", default_value = "5", value_parser = seconds,
+          help_heading = heading::SCALING)]
+    pub discovery_interval: Duration,
+}
+
+/// A duration given in (fractional) seconds.
+fn seconds(value: &str) -> Result<Duration, String> {
+    let secs: f64 = value
+        .parse()
+        .map_err(|_| format!("{value:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{value:?}: {e}"))
 }
 
 impl Default for IvyArgs {

@@ -31,6 +31,9 @@ pub enum IvyError {
     /// The served model does not do what the route asks (its task is the other one).
     #[error("{0}")]
     Unsupported(String),
+    /// The request names a model this gateway does not serve.
+    #[error("{0}")]
+    NotFound(String),
     /// Tulip cannot be reached or its engine stopped.
     #[error("{0}")]
     Unavailable(String),
@@ -51,6 +54,7 @@ impl IvyError {
             IvyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             IvyError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
             IvyError::Unsupported(_) => (StatusCode::BAD_REQUEST, "unsupported"),
+            IvyError::NotFound(_) => (StatusCode::NOT_FOUND, "model_not_found"),
             IvyError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
             IvyError::Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine"),
         }
@@ -63,7 +67,7 @@ pub struct ErrorBody {
     /// What is wrong, naming the field or limit.
     pub error: String,
     /// The kind: validation, tokenizer, invalid_json, unsupported_media_type, payload_too_large,
-    /// overloaded, unsupported, unhealthy, not_found or engine.
+    /// overloaded, unsupported, model_not_found, unhealthy, not_found or engine.
     pub error_type: &'static str,
 }
 
@@ -88,7 +92,7 @@ impl From<TulipError> for IvyError {
             Code::InvalidArgument => IvyError::Validation(message),
             Code::FailedPrecondition => IvyError::Unsupported(message),
             Code::ResourceExhausted => IvyError::Overloaded,
-            Code::Unavailable => IvyError::Unavailable(message),
+            Code::Unavailable | Code::DeadlineExceeded => IvyError::Unavailable(message),
             _ => IvyError::Engine(message),
         }
     }

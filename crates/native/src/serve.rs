@@ -3,14 +3,15 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use clap::{Args, Parser};
-use ivy::{EarlyTokenizer, IvyArgs};
+use clap::{Args, CommandFactory, Parser};
+use ivy::{EarlyTokenizer, IvyArgs, Tulips};
 use pyo3::prelude::*;
 use tokio::sync::watch;
 use tulip::config::heading;
 use tulip::{Scheduler, TulipArgs, TulipClient};
 
 use crate::engine::{EngineArgs, Rose};
+use crate::workers::{self, WorkerArgs};
 
 /// Ivy, Tulip and ROSE in one process: an OpenAI- and TEI-compatible embedding server.
 #[derive(Debug, Parser)]
@@ -22,6 +23,8 @@ struct IvyServe {
     ivy: IvyArgs,
     #[command(flatten)]
     tulip: TulipArgs,
+    #[command(flatten)]
+    workers: WorkerArgs,
     #[command(flatten)]
     logs: Logs,
 }
@@ -60,6 +63,7 @@ struct Listen {
 #[pyfunction]
 pub fn serve_ivy(py: Python<'_>, argv: Vec<String>) -> i32 {
     match IvyServe::try_parse_from(&argv) {
+        Ok(a) if workers::wanted(&a.engine.model, &a.workers) => serve_workers(py, a, &argv),
         Ok(a) => {
             let hostname = a.ivy.hostname.clone();
             serve(py, a.engine, a.tulip, Some(a.ivy), hostname, &a.logs)
@@ -72,6 +76,10 @@ pub fn serve_ivy(py: Python<'_>, argv: Vec<String>) -> i32 {
 #[pyfunction]
 pub fn serve_tulip(py: Python<'_>, argv: Vec<String>) -> i32 {
     match TulipServe::try_parse_from(&argv) {
+        Ok(a) if a.engine.model.len() > 1 => {
+            eprintln!("tulip-serve serves one --model (ivy-serve takes several)");
+            2
+        }
         Ok(a) => serve(py, a.engine, a.tulip, None, a.listen.hostname, &a.logs),
         Err(err) => usage(err),
     }
@@ -107,7 +115,9 @@ fn serve(
         match model_root(py, &engine) {
             Ok(root) => {
                 tokenizer = Some(root.join("tokenizer.json"));
-                engine.model = engine.model.is_some().then(|| root.display().to_string());
+                if !engine.model.is_empty() {
+                    engine.model = vec![root.display().to_string()];
+                }
             }
             Err(why) => {
                 tracing::error!("{why}");
@@ -130,7 +140,7 @@ fn serve(
 /// a hub id's snapshot in huggingface_hub's cache, or the default model's.
 pub(crate) fn model_root(py: Python<'_>, engine: &EngineArgs) -> Result<PathBuf, String> {
     py.import("rose.loading.model_dir")
-        .and_then(|m| m.call_method1("model_root", (&engine.model, &engine.revision)))
+        .and_then(|m| m.call_method1("model_root", (engine.single_model(), &engine.revision)))
         .and_then(|root| root.extract::<PathBuf>())
         .map_err(|e| e.value(py).to_string())
 }
@@ -159,13 +169,8 @@ fn run(
         };
 
         if let Some(ivy) = ivy.as_ref().filter(|ivy| !ivy.tulip_endpoints.is_empty()) {
-            let replicas = ivy
-                .tulip_endpoints
-                .iter()
-                .map(|url| TulipClient::new(url))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
-            return ivy::run(ivy.clone(), replicas, None, None, until(stopped))
+            let tulips = Tulips::Endpoints(ivy.tulip_endpoints.clone());
+            return ivy::run(ivy.clone(), tulips, None, None, until(stopped))
                 .await
                 .map_err(|e| e.to_string());
         }
@@ -197,7 +202,7 @@ fn run(
         if let Some(ivy) = ivy {
             ivy::run(
                 ivy,
-                vec![local],
+                Tulips::InProcess(local),
                 early,
                 Some(grpc_addr.to_string()),
                 until(stopped),
@@ -209,6 +214,97 @@ fn run(
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("Tulip's gRPC server failed: {e}"))
     })
+}
+
+/// `ivy-serve` over worker processes (several models, `--replicas`, `--devices`): Ivy in this
+/// process, one supervised `tulip-serve` per worker on ports from `--grpc-port`.
+fn serve_workers(py: Python<'_>, a: IvyServe, argv: &[String]) -> i32 {
+    init_logging(a.logs.json_output);
+    if !a.ivy.tulip_endpoints.is_empty() {
+        tracing::error!("--tulip-endpoint and worker processes (--replicas, --devices, several --model) exclude each other");
+        return 2;
+    }
+    let plan = match workers::plan(&a.engine.model, &a.workers, a.tulip.grpc_port) {
+        Ok(plan) => plan,
+        Err(why) => {
+            tracing::error!("{why}");
+            return 2;
+        }
+    };
+    let python = match py
+        .import("sys")
+        .and_then(|sys| sys.getattr("executable")?.extract())
+    {
+        Ok(python) => python,
+        Err(err) => {
+            tracing::error!("cannot find the Python interpreter for the workers: {err}");
+            return 1;
+        }
+    };
+    let forwarded = workers::forwarded(argv, &IvyServe::command(), &TulipServe::command());
+    let result = py.detach(|| run_workers(a, plan, python, forwarded));
+    match result {
+        Ok(()) => 0,
+        Err(err) => {
+            tracing::error!("{err}");
+            1
+        }
+    }
+}
+
+fn run_workers(
+    a: IvyServe,
+    plan: Vec<workers::Worker>,
+    python: PathBuf,
+    forwarded: Vec<String>,
+) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ivy")
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async move {
+        let (stop, stopped) = watch::channel(false);
+        let (fatal, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
+        let timeout = std::time::Duration::from_secs_f64(a.workers.shutdown_timeout.max(0.0));
+        let mut supervisors = Vec::new();
+        for worker in &plan {
+            let argv = workers::argv(worker, &forwarded, &a.engine.device);
+            supervisors.push(tokio::spawn(workers::supervise(
+                python.clone(),
+                worker.clone(),
+                argv,
+                stopped.clone(),
+                fatal.clone(),
+                timeout,
+            )));
+        }
+        let tulips = Tulips::Endpoints(plan.iter().map(workers::Worker::url).collect());
+        let mut shutdown = stopped.clone();
+        let signal = stop.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            let _ = signal.send(true);
+        });
+        let serving = ivy::run(a.ivy, tulips, None, None, async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        });
+        let result = tokio::select! {
+            served = serving => served.map_err(|e| e.to_string()),
+            Some(why) = fatal_rx.recv() => Err(why),
+        };
+        let _ = stop.send(true);
+        futures_join(supervisors).await;
+        result
+    })
+}
+
+/// Waits for every supervisor (each stops its worker on the stop signal).
+async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
+    }
 }
 
 /// Loads ROSE under a Tulip scheduler in this process (the model folder already resolved).

@@ -1,14 +1,26 @@
 //! A client of Tulip's gRPC contract, used by Ivy and by the Python `tulip.Client`.
 
+use tonic::server::NamedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 use crate::error::TulipError;
 use crate::proto;
 use crate::proto::tulip_client::TulipClient as RawClient;
-use crate::proto::tulip_server::Tulip;
+use crate::proto::tulip_server::{Tulip, TulipServer};
 use crate::scheduler::Scheduler;
 use crate::server::{TulipService, MAX_MESSAGE_BYTES};
+
+/// The clients of one gRPC channel.
+#[derive(Clone)]
+struct Grpc {
+    url: String,
+    raw: RawClient<Channel>,
+    health: HealthClient<Channel>,
+}
 
 /// A cheap-to-clone handle on one Tulip server: over gRPC, or in this process.
 #[derive(Clone)]
@@ -18,10 +30,7 @@ pub struct TulipClient {
 
 #[derive(Clone)]
 enum Transport {
-    Grpc {
-        url: String,
-        raw: RawClient<Channel>,
-    },
+    Grpc(Box<Grpc>),
     /// The service's own methods, called directly: the same contract without a socket, for a
     /// gateway that runs beside its Tulip (`ivy-serve`), whose queries would otherwise pay a
     /// loopback gRPC round trip each.
@@ -34,12 +43,14 @@ impl TulipClient {
         let endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| TulipError::Validation(format!("bad Tulip address {url}: {e}")))?
             .tcp_nodelay(true);
-        let raw = RawClient::new(endpoint.connect_lazy())
+        let channel = endpoint.connect_lazy();
+        let health = HealthClient::new(channel.clone());
+        let raw = RawClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let url = url.to_string();
         Ok(TulipClient {
-            transport: Transport::Grpc { url, raw },
+            transport: Transport::Grpc(Box::new(Grpc { url, raw, health })),
         })
     }
 
@@ -53,7 +64,7 @@ impl TulipClient {
     /// Where the calls go, for logs.
     pub fn target(&self) -> &str {
         match &self.transport {
-            Transport::Grpc { url, .. } => url,
+            Transport::Grpc(grpc) => &grpc.url,
             Transport::InProcess(_) => "in-process",
         }
     }
@@ -64,7 +75,7 @@ impl TulipClient {
         request: proto::EmbedRequest,
     ) -> Result<proto::EmbedResponse, TulipError> {
         let response = match &self.transport {
-            Transport::Grpc { raw, .. } => raw.clone().embed(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().embed(request).await?,
             Transport::InProcess(service) => service.embed(Request::new(request)).await?,
         };
         Ok(response.into_inner())
@@ -76,7 +87,7 @@ impl TulipClient {
         request: proto::ScoreRequest,
     ) -> Result<proto::ScoreResponse, TulipError> {
         let response = match &self.transport {
-            Transport::Grpc { raw, .. } => raw.clone().score(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().score(request).await?,
             Transport::InProcess(service) => service.score(Request::new(request)).await?,
         };
         Ok(response.into_inner())
@@ -86,27 +97,31 @@ impl TulipClient {
     pub async fn info(&self) -> Result<proto::InfoResponse, TulipError> {
         let request = Request::new(proto::InfoRequest {});
         let response = match &self.transport {
-            Transport::Grpc { raw, .. } => raw.clone().info(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().info(request).await?,
             Transport::InProcess(service) => service.info(request).await?,
         };
         Ok(response.into_inner())
     }
 
-    /// True when the server answers and its engine runs.
+    /// True when the server answers SERVING on the standard health protocol (its engine runs).
     pub async fn health(&self) -> Result<bool, TulipError> {
-        let request = Request::new(proto::HealthRequest {});
-        let response = match &self.transport {
-            Transport::Grpc { raw, .. } => raw.clone().health(request).await?,
-            Transport::InProcess(service) => service.health(request).await?,
-        };
-        Ok(response.into_inner().ready)
+        match &self.transport {
+            Transport::Grpc(grpc) => {
+                let request = HealthCheckRequest {
+                    service: <TulipServer<TulipService> as NamedService>::NAME.into(),
+                };
+                let answer = grpc.health.clone().check(request).await?.into_inner();
+                Ok(answer.status == ServingStatus::Serving as i32)
+            }
+            Transport::InProcess(service) => Ok(service.is_ready()),
+        }
     }
 
     /// The model's tokenizer and tokenization settings.
     pub async fn tokenizer(&self) -> Result<proto::TokenizerResponse, TulipError> {
         let request = Request::new(proto::TokenizerRequest {});
         let response = match &self.transport {
-            Transport::Grpc { raw, .. } => raw.clone().tokenizer(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().tokenizer(request).await?,
             Transport::InProcess(service) => service.tokenizer(request).await?,
         };
         Ok(response.into_inner())

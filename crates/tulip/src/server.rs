@@ -1,9 +1,13 @@
 //! Tulip's gRPC service: validates requests, hands them to the scheduler, packs the answers.
 
 use std::future::Future;
+use std::time::Duration;
 
+use tonic::server::NamedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 
 use crate::error::{EngineError, TulipError};
 use crate::postprocess::{append_row, score_row, Shape};
@@ -14,16 +18,29 @@ use crate::scheduler::{Scheduler, Sequences};
 /// Largest gRPC message Tulip accepts or a client takes (a whole model tokenizer fits).
 pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
-/// Serves `scheduler` over gRPC on `listener` until `shutdown` resolves.
+/// How often the health service looks at the engine.
+const HEALTH_POLL: Duration = Duration::from_millis(250);
+
+/// Serves `scheduler` over gRPC on `listener` until `shutdown` resolves, with the standard health
+/// service (grpc.health.v1): SERVING while the engine runs, NOT_SERVING from the moment it stops
+/// or `shutdown` resolves.
 pub async fn serve(
     scheduler: Scheduler,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let watch = tokio::spawn(report_health(scheduler.clone(), reporter.clone()));
     let service = TulipServer::new(TulipService::new(scheduler))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let shutdown = async move {
+        shutdown.await;
+        watch.abort();
+        set_health(&reporter, ServingStatus::NotServing).await;
+    };
     tonic::transport::Server::builder()
+        .add_service(health)
         .add_service(service)
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -32,15 +49,45 @@ pub async fn serve(
         .await
 }
 
+/// Keeps the health service's answer equal to the engine's state.
+async fn report_health(scheduler: Scheduler, reporter: HealthReporter) {
+    let mut reported = None;
+    loop {
+        let ready = scheduler.is_ready();
+        if reported != Some(ready) {
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            set_health(&reporter, status).await;
+            reported = Some(ready);
+        }
+        tokio::time::sleep(HEALTH_POLL).await;
+    }
+}
+
+/// Sets the status of the whole server ("") and of the Tulip service.
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    for service in ["", <TulipServer<TulipService> as NamedService>::NAME] {
+        reporter.set_service_status(service, status).await;
+    }
+}
+
 /// The gRPC contract's implementation; `TulipClient::in_process` calls it without a socket.
 #[derive(Clone)]
-pub(crate) struct TulipService {
+pub struct TulipService {
     scheduler: Scheduler,
 }
 
 impl TulipService {
     pub(crate) fn new(scheduler: Scheduler) -> TulipService {
         TulipService { scheduler }
+    }
+
+    /// True while the engine runs.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.scheduler.is_ready()
     }
 }
 
@@ -111,15 +158,6 @@ impl Tulip for TulipService {
         Ok(Response::new(proto::InfoResponse {
             model: Some(self.scheduler.served().model.clone()),
             engine_json,
-        }))
-    }
-
-    async fn health(
-        &self,
-        _: Request<proto::HealthRequest>,
-    ) -> Result<Response<proto::HealthResponse>, Status> {
-        Ok(Response::new(proto::HealthResponse {
-            ready: self.scheduler.is_ready(),
         }))
     }
 

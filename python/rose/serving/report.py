@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rose.attention import AutoBackend
+from rose.loading.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from rose.serving.engine import Engine
@@ -56,4 +57,5 @@ def describe(engine: Engine) -> dict[str, Any]:
         "labels": engine.scoring.labels if engine.scoring else [],
         "type_vocab_size": int(engine.model_dir.config.get("type_vocab_size") or 1),
         "modules": engine.model_dir.modules,
+        "weights_fingerprint": fingerprint(engine.model_dir.path),
     }

@@ -22,6 +22,9 @@ use crate::request::{EmbedCall, Embedded};
 /// Cohere's v2 embed request (text inputs).
 #[derive(Deserialize, ToSchema)]
 pub(super) struct CohereEmbedRequest {
+    /// The model to embed with (any name when one model is served).
+    #[serde(default)]
+    model: Option<String>,
     #[serde(default)]
     texts: Vec<String>,
     /// search_query, search_document, classification or clustering: the model's prompt of that
@@ -86,6 +89,7 @@ pub(super) async fn embed(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<CohereEmbedRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(request.model.as_deref(), "embed")?;
     if request.images.is_some() || request.inputs.is_some() {
         return Err(IvyError::Unsupported(
             "only `texts` is served: `images` and `inputs` are not".into(),

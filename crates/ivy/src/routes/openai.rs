@@ -67,6 +67,7 @@ pub(super) async fn embeddings(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<EmbeddingsRequest>,
 ) -> Result<Response, IvyError> {
+    let gateway = gateway.select(request.model.as_deref(), "embed")?;
     let format = match request.encoding_format.as_deref() {
         None | Some("float") => Format::Float,
         Some("base64") => Format::Base64,
@@ -261,16 +262,16 @@ struct ModelCard {
 }
 
 #[utoipa::path(get, path = "/v1/models", operation_id = "openai_models", tag = "OpenAI",
-    responses((status = 200, description = "The served model", body = ModelList)))]
+    responses((status = 200, description = "The served models", body = ModelList)))]
 pub(super) async fn models(State(gateway): State<Gateway>) -> Json<ModelList> {
-    let card = ModelCard {
-        id: gateway.model().model_id.clone(),
+    let card = |model: Gateway| ModelCard {
+        id: model.model().model_id.clone(),
         object: "model",
         owned_by: "ivy",
     };
     Json(ModelList {
         object: "list",
-        data: vec![card],
+        data: gateway.all().into_iter().map(card).collect(),
     })
 }
 

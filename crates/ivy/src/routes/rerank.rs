@@ -53,6 +53,7 @@ pub(super) async fn tei(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<TeiRerankRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "score")?;
     // Truncation shortens the document, from its end (TEI's Left is not offered for pairs).
     direction(request.truncation_direction.as_deref())?;
     let call = RerankCall {
@@ -155,6 +156,7 @@ async fn cohere(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<CohereRerankRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(request.model.as_deref(), "score")?;
     let documents = request
         .documents
         .iter()

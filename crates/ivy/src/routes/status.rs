@@ -9,23 +9,36 @@ use serde_json::{json, Value};
 use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 
-/// Ready: some replica's engine answers.
+/// Ready: some replica passed its last health check.
 #[utoipa::path(get, path = "/health", operation_id = "health", tag = "Status",
     responses((status = 200, description = "Ready"),
               (status = 503, description = "No replica is ready", body = ErrorBody)))]
 pub(super) async fn health(State(gateway): State<Gateway>) -> Result<StatusCode, IvyError> {
-    if gateway.replicas().is_healthy().await {
+    if gateway.pool().any_ready(None) {
         Ok(StatusCode::OK)
     } else {
-        Err(IvyError::Unavailable("the engine is not ready".into()))
+        Err(IvyError::Unavailable("no replica is ready".into()))
     }
 }
 
-/// Like TEI's /info: the model as Tulip reports it (protos/tulip.proto's ModelInfo, live when a
-/// replica answers), the engine's live state, and Ivy's own limits.
+/// Like TEI's /info: the (first) model as Tulip reports it (protos/tulip.proto's ModelInfo, live
+/// when a replica answers), the engine's live state, and Ivy's own limits; then `models`, each
+/// served model described the same way, and `replicas`, each Tulip's state and load.
 #[utoipa::path(get, path = "/info", operation_id = "info", tag = "Status",
-    responses((status = 200, description = "The model, the engine's state and the limits", body = Object)))]
+    responses((status = 200, description = "The models, the engines' state, the replicas and the limits", body = Object)))]
 pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
+    let mut body = describe(&gateway).await;
+    let mut models = Vec::new();
+    for model in gateway.all() {
+        models.push(describe(&model).await);
+    }
+    body["models"] = json!(models);
+    body["replicas"] = json!(gateway.pool().report());
+    Json(body)
+}
+
+/// One model as /info shows it.
+async fn describe(gateway: &Gateway) -> Value {
     let live = gateway.replicas().info().await.ok();
     let model = live
         .as_ref()
@@ -47,8 +60,12 @@ pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
     body["auto_truncate"] = json!(args.auto_truncate);
     body["tokenization_workers"] = json!(gateway.tokenizer().workers());
     body["engine"] = engine;
+    body["replica_timeout_seconds"] = json!(args.replica_timeout.as_secs_f64());
+    body["health_interval_seconds"] = json!(args.health_interval.as_secs_f64());
+    body["discovery_interval_seconds"] = json!(args.discovery_interval.as_secs_f64());
+    body["tulip_endpoints"] = json!(args.tulip_endpoints);
     body["version"] = json!(env!("CARGO_PKG_VERSION"));
-    Json(body)
+    body
 }
 
 /// Prometheus' text format.

@@ -61,6 +61,7 @@ pub(super) async fn embed(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<EmbedRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "embed")?;
     let call = EmbedCall {
         inputs: parse_inputs(&request.inputs, "inputs")?,
         prompt_name: request.prompt_name,
@@ -99,6 +100,7 @@ pub(super) async fn tokenize(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<TokenizeRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "embed")?;
     let _permit = gateway.admit()?;
     let options = Arc::new(EncodeOptions {
         prompt: gateway.prompt(request.prompt_name.as_deref())?.into(),
@@ -157,6 +159,7 @@ pub(super) async fn decode(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<DecodeRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "embed")?;
     let _permit = gateway.admit()?;
     let inputs = parse_inputs(&request.ids, "ids")?;
     let single = matches!(&request.ids, Value::Array(items) if items.iter().all(Value::is_number));
@@ -222,6 +225,7 @@ pub(super) async fn similarity(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<SimilarityRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "embed")?;
     gateway.require_task("embed")?;
     let call = crate::score::RerankCall {
         query: request.inputs.source_sentence,
@@ -270,6 +274,7 @@ pub(super) async fn predict(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<PredictRequest>,
 ) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "score")?;
     let (inputs, single) = predict_inputs(&request.inputs)?;
     let (scores, labels, _, timings) = gateway
         .predict(inputs, request.truncate, request.raw_scores)

@@ -1,18 +1,28 @@
 //! The Tulip replicas a gateway spreads work over (remote, or the one in this process), and the
-//! fan-out of one client batch over them in chunks.
+//! fan-out of one client batch over them in chunks: `pool` keeps every replica's state,
+//! `balance` picks one per chunk, `discovery` follows DNS names, `identity` tells models apart.
+
+pub mod balance;
+pub mod discovery;
+pub mod identity;
+pub mod pool;
+pub mod start;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
+use tonic::Status;
 use tulip::packing::split;
 use tulip::proto::{
     EmbedRequest, Encoding, InfoResponse, ModelInfo, ScoreRequest, TokenizerResponse,
 };
-use tulip::{Budget, TulipClient};
+use tulip::{Budget, TulipClient, TulipError};
 
 use crate::error::IvyError;
+use balance::retryable;
+pub use pool::{Pool, Replica, Watch};
 
 /// How the client wants its vectors.
 #[derive(Debug, Clone, Copy)]
@@ -49,83 +59,57 @@ pub struct ChunkTimes {
     pub transfer: Duration,
 }
 
-struct Replica {
-    client: TulipClient,
-    /// Tokens sent and not yet answered.
-    in_flight: AtomicUsize,
-}
-
-/// The Tulip replicas of one model; cloning it is cheap.
+/// The replicas of one model; cloning it is cheap.
 #[derive(Clone)]
 pub struct ReplicaSet {
-    replicas: Arc<Vec<Replica>>,
+    pool: Arc<Pool>,
+    model: String,
     chunk: Budget,
+    /// Longest a chunk may take on one replica before it is retried on another.
+    timeout: Duration,
 }
 
 impl ReplicaSet {
-    /// Waits up to `patience` for each replica to answer (its engine may still be loading).
-    pub async fn connect(
-        clients: Vec<TulipClient>,
-        patience: Duration,
-    ) -> Result<(ReplicaSet, ModelInfo), IvyError> {
-        let mut replicas = Vec::new();
-        let mut model = None;
-        for client in clients {
-            let deadline = Instant::now() + patience;
-            let info = loop {
-                match client.info().await {
-                    Ok(InfoResponse {
-                        model: Some(info), ..
-                    }) => break info,
-                    Ok(_) => {
-                        return Err(IvyError::Unavailable(format!(
-                            "Tulip at {} reports no model",
-                            client.target()
-                        )))
-                    }
-                    Err(_) if Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(100)).await
-                    }
-                    Err(e) => {
-                        return Err(IvyError::Unavailable(format!(
-                            "Tulip at {} does not answer: {e}",
-                            client.target()
-                        )))
-                    }
-                }
-            };
-            tracing::info!("Ivy uses Tulip at {} ({})", client.target(), info.model_id);
-            model.get_or_insert(info);
-            replicas.push(Replica {
-                client,
-                in_flight: AtomicUsize::new(0),
-            });
+    /// `model`'s replicas in `pool`; chunks are cut by its batch limits.
+    pub fn new(pool: Arc<Pool>, model: &ModelInfo, timeout: Duration) -> ReplicaSet {
+        ReplicaSet {
+            pool,
+            model: model.model_id.clone(),
+            chunk: Budget::of(model),
+            timeout,
         }
-        let model = model.ok_or_else(|| IvyError::Unavailable("no Tulip replica given".into()))?;
-        let set = ReplicaSet {
-            replicas: Arc::new(replicas),
-            chunk: Budget::of(&model),
-        };
-        Ok((set, model))
     }
 
-    /// What the first replica serves now (its engine's live state included).
+    /// The model's name.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// What a ready replica serves now (its engine's live state included).
     pub async fn info(&self) -> Result<InfoResponse, IvyError> {
-        Ok(self.replicas[0].client.info().await?)
+        let replica = self.ready()?;
+        Ok(replica.client.info().await?)
     }
 
-    /// The model's tokenizer, from the first replica.
+    /// The model's tokenizer, from a ready replica.
     pub async fn tokenizer(&self) -> Result<TokenizerResponse, IvyError> {
-        Ok(self.replicas[0].client.tokenizer().await?)
+        let replica = self.ready()?;
+        Ok(replica.client.tokenizer().await?)
     }
 
-    /// True when every replica answers and its engine runs.
-    pub async fn is_healthy(&self) -> bool {
-        let checks = self.replicas.iter().map(|r| r.client.health());
-        futures::future::join_all(checks)
-            .await
-            .into_iter()
-            .all(|h| matches!(h, Ok(true)))
+    /// True when some replica of the model is ready.
+    pub fn is_healthy(&self) -> bool {
+        self.pool.any_ready(Some(&self.model))
+    }
+
+    fn ready(&self) -> Result<Arc<Replica>, IvyError> {
+        self.pool
+            .pick(&self.model, None)
+            .ok_or_else(|| self.none_ready())
+    }
+
+    fn none_ready(&self) -> IvyError {
+        IvyError::Unavailable(format!("no replica of {} is ready", self.model))
     }
 
     /// Embeds `sequences` (`types`: their token type ids, or empty): split into chunks (the
@@ -204,9 +188,10 @@ impl ReplicaSet {
         Ok((scores, labels, times))
     }
 
-    /// Cuts the sequences into chunks, sends each to the least loaded replica through `call`
-    /// (client, token ids, lengths, token type ids), and returns the answers in order with
-    /// each one's round trip.
+    /// Cuts the sequences into chunks and sends each to the least loaded ready replica through
+    /// `call` (client, token ids, lengths, token type ids); returns the answers in order with
+    /// each one's round trip. A chunk that fails for a transport reason (or takes longer than the
+    /// replica timeout) goes once to another replica.
     async fn fan_out<T, F, Fut>(
         &self,
         sequences: &[Vec<u32>],
@@ -215,43 +200,65 @@ impl ReplicaSet {
     ) -> Result<Vec<(T, Duration)>, IvyError>
     where
         F: Fn(TulipClient, Vec<u32>, Vec<u32>, Vec<u32>) -> Fut,
-        Fut: std::future::Future<Output = Result<T, IvyError>>,
+        Fut: std::future::Future<Output = Result<T, TulipError>>,
     {
         let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
-        let calls = split(&lengths, self.chunk).into_iter().map(|range| {
-            let chunk = &sequences[range.clone()];
-            let token_type_ids = if types.is_empty() {
-                Vec::new()
-            } else {
-                types[range].concat()
-            };
-            let tokens = chunk.iter().map(Vec::len).sum::<usize>();
-            let replica = self.least_loaded();
-            replica.in_flight.fetch_add(tokens, Ordering::Relaxed);
-            let lengths = chunk.iter().map(|s| s.len() as u32).collect();
-            let sent = call(
-                replica.client.clone(),
-                chunk.concat(),
-                lengths,
-                token_type_ids,
-            );
-            async move {
-                // Decrement even when the caller goes away mid-call.
-                let _release = Release(&replica.in_flight, tokens);
-                let start = Instant::now();
-                let answer = sent.await?;
-                Ok((answer, start.elapsed()))
-            }
-        });
+        let call = &call;
+        let calls = split(&lengths, self.chunk)
+            .into_iter()
+            .map(|range| async move {
+                let chunk = &sequences[range.clone()];
+                let types = if types.is_empty() {
+                    &[][..]
+                } else {
+                    &types[range]
+                };
+                let tokens = chunk.iter().map(Vec::len).sum::<usize>();
+                let send = |replica: Arc<Replica>| {
+                    let lengths = chunk.iter().map(|s| s.len() as u32).collect();
+                    let sent = call(
+                        replica.client.clone(),
+                        chunk.concat(),
+                        lengths,
+                        types.concat(),
+                    );
+                    self.attempt(replica, tokens, sent)
+                };
+                let first = self.ready()?;
+                match send(first.clone()).await {
+                    Err(err) if retryable(err.code()) => {
+                        self.pool.failed(&first, &err.to_string());
+                        let Some(second) = self.pool.pick(&self.model, Some(&first)) else {
+                            return Err(IvyError::from(err));
+                        };
+                        metrics::counter!("ivy_chunk_retries_total").increment(1);
+                        send(second).await.map_err(IvyError::from)
+                    }
+                    answer => answer.map_err(IvyError::from),
+                }
+            });
         try_join_all(calls).await
     }
 
-    fn least_loaded(&self) -> &Replica {
-        let loads = self
-            .replicas
-            .iter()
-            .map(|r| r.in_flight.load(Ordering::Relaxed));
-        &self.replicas[least_loaded(loads)]
+    /// One chunk's call on `replica`, counted in its load, bounded by the replica timeout.
+    async fn attempt<T>(
+        &self,
+        replica: Arc<Replica>,
+        tokens: usize,
+        sent: impl std::future::Future<Output = Result<T, TulipError>>,
+    ) -> Result<(T, Duration), TulipError> {
+        replica.in_flight.fetch_add(tokens, Ordering::Relaxed);
+        replica.counted_chunk();
+        // Decrements even when the caller goes away mid-call.
+        let _release = Release(&replica.in_flight, tokens);
+        let start = Instant::now();
+        match tokio::time::timeout(self.timeout, sent).await {
+            Ok(answer) => Ok((answer?, start.elapsed())),
+            Err(_) => Err(TulipError::Remote(Status::deadline_exceeded(format!(
+                "Tulip at {} did not answer a chunk within {:?} (--replica-timeout)",
+                replica.url, self.timeout
+            )))),
+        }
     }
 }
 
@@ -272,31 +279,10 @@ fn slowest(chunks: impl Iterator<Item = ((u64, u64), Duration)>) -> ChunkTimes {
         .unwrap_or_default()
 }
 
-/// Index of the replica with the least work in flight; the first one on ties (pure logic).
-pub fn least_loaded(loads: impl IntoIterator<Item = usize>) -> usize {
-    loads
-        .into_iter()
-        .enumerate()
-        .min_by_key(|&(_, load)| load)
-        .map_or(0, |(i, _)| i)
-}
-
 struct Release<'a>(&'a AtomicUsize, usize);
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(self.1, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn picks_the_least_loaded_replica() {
-        assert_eq!(least_loaded([5, 2, 9, 2]), 1);
-        assert_eq!(least_loaded([0]), 0);
-        assert_eq!(least_loaded([]), 0);
     }
 }

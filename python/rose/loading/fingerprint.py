@@ -1,0 +1,30 @@
+"""A cheap digest of a model folder's weights, so that a gateway can tell two replicas that claim
+one model name but load different weights (protos/tulip.proto's ModelInfo.weights_fingerprint)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+# Bytes read a file: its start (a safetensors header names every tensor, its dtype and shape)
+# and samples spread over the rest, so that a digest costs milliseconds even for large weights.
+_HEAD = 1 << 16
+_SAMPLES = 16
+_SAMPLE = 1 << 12
+
+
+def fingerprint(folder: str | Path) -> str:
+    """sha256 over each weight file's path, size, first 64 KiB and 16 evenly spaced 4 KiB samples."""
+    digest = hashlib.sha256()
+    root = Path(folder)
+    # Sentence-transformers modules (2_Dense/, ...) keep weights in subfolders.
+    files = sorted([*root.rglob("*.safetensors"), *root.rglob("*.bin"), *root.rglob("*.pt")])
+    for path in files:
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(root)}:{size}".encode())
+        with path.open("rb") as f:
+            digest.update(f.read(_HEAD))
+            for k in range(1, _SAMPLES + 1):
+                f.seek(max(0, size * k // (_SAMPLES + 1) - _SAMPLE))
+                digest.update(f.read(_SAMPLE))
+    return digest.hexdigest()[:16]
