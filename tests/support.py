@@ -130,6 +130,50 @@ def start_server(log_dir: Path, *args: str, timeout: float = 180) -> Server:
     raise RuntimeError(f"ivy-serve did not become healthy in {timeout} s:\n{log.read_text()}")
 
 
+@dataclass
+class Tulip:
+    """A `tulip-serve` process that can be killed, stopped and started again on its address."""
+
+    host: str
+    port: int
+    log_dir: Path
+    args: tuple[str, ...] = ()
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> Tulip:
+        command = ["tulip-serve", "--hostname", self.host, "--grpc-port", str(self.port), *self.args]
+        env = {**os.environ, "DEVICE": os.environ.get("DEVICE", "cpu")}
+        log = (self.log_dir / f"tulip-{self.host}-{self.port}.log").open("a")
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def replica(info: dict, url: str) -> dict:
+    """The /info entry of the replica at `url` (KeyError when it is not there)."""
+    return {r["url"]: r for r in info["replicas"]}[url]
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cosine similarity of each row of `a` with the same row of `b`."""
     a = a / np.linalg.norm(a, axis=1, keepdims=True)

@@ -43,12 +43,28 @@ def default_model_path() -> Path:
 def model_root(path: str | Path | None, revision: str | None = None) -> Path:
     """The folder a --model value names: a local folder, a hub id (org/name, at `revision`) resolved
     through huggingface_hub's cache, or the default model's when it is None."""
-    if path is None:
+    if path is None or (str(path) == DEFAULT_MODEL_ID and revision is None and _bundled()):
         return default_model_path()
     local = Path(path).expanduser()
     if isinstance(path, Path) or local.exists() or str(path).startswith(("/", ".", "~")):
         return local.resolve()
     return hub.download(str(path), revision)
+
+
+def _bundled() -> bool:
+    """Whether the default model's package is installed (its hub id then names the bundled copy)."""
+    try:
+        default_model_path()
+    except ImportError:
+        return False
+    return True
+
+
+def _model_id(path: str | Path | None, root: Path) -> str:
+    """How the model is named to clients: its hub id, else its folder's name."""
+    if path is None or (_bundled() and root == default_model_path().resolve()):
+        return DEFAULT_MODEL_ID
+    return hub.hub_id(root) or root.name
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -92,7 +108,7 @@ class ModelDir:
         max_length = _max_input_length(root, config)
         return cls(
             path=root,
-            model_id=DEFAULT_MODEL_ID if path is None else hub.hub_id(root) or root.name,
+            model_id=_model_id(path, root),
             config=config,
             pooling=_pooling(root, modules, config),
             normalize="Normalize" in kinds,

@@ -85,10 +85,17 @@ impl ReplicaSet {
         &self.model
     }
 
-    /// What a ready replica serves now (its engine's live state included).
+    /// What a ready replica serves now (its engine's live state included); a replica that does
+    /// not answer within the health timeout is not waited for.
     pub async fn info(&self) -> Result<InfoResponse, IvyError> {
         let replica = self.ready()?;
-        Ok(replica.client.info().await?)
+        match tokio::time::timeout(self.pool.health_timeout(), replica.client.info()).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => Err(IvyError::Unavailable(format!(
+                "Tulip at {} did not answer Info in time",
+                replica.url
+            ))),
+        }
     }
 
     /// The model's tokenizer, from a ready replica.

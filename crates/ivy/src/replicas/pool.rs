@@ -151,6 +151,11 @@ impl Pool {
         })
     }
 
+    /// How long a health check may take.
+    pub fn health_timeout(&self) -> Duration {
+        self.watch.timeout
+    }
+
     /// The replicas now (a snapshot).
     pub fn members(&self) -> Arc<Vec<Arc<Replica>>> {
         self.members.read().expect("pool lock").clone()
