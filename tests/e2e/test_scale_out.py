@@ -29,7 +29,8 @@ from support import Server, Tulip, cosines, free_port, replica, save_cross_encod
 # A chunk on this 2-core machine, under the load below with three replicas sharing its cores,
 # can take seconds: the deadline for a hung replica sits well above that.
 DEADLINE = 8
-GATEWAY_FLAGS = ("--health-interval", "0.25", "--health-timeout", "1", "--replica-timeout", str(DEADLINE), "--auto-truncate")
+GATEWAY_FLAGS = ("--health-interval", "0.25", "--health-timeout", "1", "--replica-timeout", str(DEADLINE))
+GATEWAY_FLAGS += ("--auto-truncate",)
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
@@ -148,7 +149,7 @@ def test_a_killed_replica_loses_no_request_and_takes_chunks_again(
     victim.start()
     ready = wait_until(lambda: replica(info(gateway), victim.url)["state"] == "ready", 120, "restarted replica ready")
     chunks = replica(info(gateway), victim.url)["chunks"]
-    took = wait_until(lambda: replica(info(gateway), victim.url)["chunks"] > chunks, 30, "restarted replica takes chunks")
+    took = wait_until(lambda: replica(info(gateway), victim.url)["chunks"] > chunks, 30, "the replica takes chunks")
     time.sleep(1)
     load.stop()
     assert load.errors() == []
@@ -179,7 +180,7 @@ def test_a_hung_replica_is_retried_after_the_deadline_not_waited_for(
     load.stop()
     assert load.errors() == []
     slowest = max(s for sent, s, _ in load.results if stopped <= sent <= resumed)
-    print(f"\nhang: {len(load.results)} requests, 0 failed; slowest during the hang {slowest:.2f} s (deadline {DEADLINE} s)")
+    print(f"\nhang: {len(load.results)} requests, 0 failed; slowest in the hang {slowest:.2f} s (deadline {DEADLINE} s)")
     # A chunk on the hung replica waits out --replica-timeout once, then goes elsewhere.
     assert slowest < DEADLINE + 10
 
