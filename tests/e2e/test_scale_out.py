@@ -180,7 +180,7 @@ def test_a_hung_replica_is_retried_after_the_deadline_not_waited_for(
     load.stop()
     assert load.errors() == []
     slowest = max(s for sent, s, _ in load.results if stopped <= sent <= resumed)
-    print(f"\nhang: {len(load.results)} requests, 0 failed; slowest in the hang {slowest:.2f} s (deadline {DEADLINE} s)")
+    print(f"\nhang: {len(load.results)} requests, 0 failed; slowest {slowest:.2f} s (deadline {DEADLINE} s)")
     # A chunk on the hung replica waits out --replica-timeout once, then goes elsewhere.
     assert slowest < DEADLINE + 10
 
