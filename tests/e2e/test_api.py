@@ -26,6 +26,7 @@ ROUTES = {
     "/v1/rerank": "post",
     "/v2/rerank": "post",
     "/health": "get",
+    "/live": "get",
     "/info": "get",
     "/metrics": "get",
 }

@@ -75,6 +75,7 @@ fn api() -> OpenApiRouter<Gateway> {
         .routes(routes!(rerank::cohere_v1))
         .routes(routes!(rerank::cohere_v2))
         .routes(routes!(status::health))
+        .routes(routes!(status::live))
         .routes(routes!(status::info))
         .routes(routes!(status::metrics))
 }

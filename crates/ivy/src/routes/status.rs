@@ -21,6 +21,14 @@ pub(super) async fn health(State(gateway): State<Gateway>) -> Result<StatusCode,
     }
 }
 
+/// Live: the process serves HTTP, whatever its replicas' state (a liveness probe that does not
+/// restart a gateway while its workers load).
+#[utoipa::path(get, path = "/live", operation_id = "live", tag = "Status",
+    responses((status = 200, description = "The gateway serves HTTP")))]
+pub(super) async fn live() -> StatusCode {
+    StatusCode::OK
+}
+
 /// Like TEI's /info: the (first) model as Tulip reports it (protos/tulip.proto's ModelInfo, live
 /// when a replica answers), the engine's live state, and Ivy's own limits; then `models`, each
 /// served model described the same way, and `replicas`, each Tulip's state and load.
