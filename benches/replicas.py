@@ -139,7 +139,8 @@ def main() -> None:
             server.stop()
     report = {f"{n} x {load}": summarize(s) for (n, load), s in slices.items()}
     base_q, base_m = report[f"{args.replicas[0]} x queries"], report[f"{args.replicas[0]} x mixed"]
-    print(f"devices {args.devices}, model {folder.name}, {args.query_clients} query clients, {args.rounds} rounds")
+    name = args.model or "all-MiniLM-L6-v2"
+    print(f"devices {args.devices}, model {name}, {args.query_clients} query clients, {args.rounds} rounds")
     print("| replicas | queries/s | p50 ms | p99 ms | mixed: batch tokens/s | mixed: query p50 ms | p99 ms | errors |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.replicas:

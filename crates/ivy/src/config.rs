@@ -21,7 +21,7 @@ pub struct IvyArgs {
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 2048, help_heading = heading::LIMITS)]
     pub max_client_batch_size: usize,
 
-    /// Most requests handled at once; more are answered 429.
+    /// Most requests handled at once (for each served model); more are answered 429.
     #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512, help_heading = heading::LIMITS)]
     pub max_concurrent_requests: usize,
 

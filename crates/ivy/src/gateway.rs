@@ -39,7 +39,6 @@ struct Shared {
     args: IvyArgs,
     pool: Arc<Pool>,
     models: Vec<Served>,
-    limiter: Arc<Semaphore>,
     metrics: PrometheusHandle,
 }
 
@@ -51,6 +50,8 @@ struct Served {
     template: Template,
     /// A causal reranker's prompt prefix and suffix as token ids, tokenized once.
     affixes: (Arc<[u32]>, Arc<[u32]>),
+    /// Its own `--max-concurrent-requests`, so that one model's flood does not refuse another's.
+    limiter: Arc<Semaphore>,
 }
 
 /// The model folder's tokenizer.json, read and parsed on a blocking thread while the engine
@@ -115,12 +116,10 @@ impl Gateway {
             let replicas = ReplicaSet::new(pool.clone(), &info, args.replica_timeout);
             models.push(Served::load(&args, info, replicas, early.take()).await?);
         }
-        let limiter = Arc::new(Semaphore::new(args.max_concurrent_requests));
         let shared = Shared {
             args,
             pool,
             models,
-            limiter,
             metrics,
         };
         Ok(Gateway {
@@ -226,9 +225,9 @@ impl Gateway {
         &self.served().affixes
     }
 
-    /// A slot under `--max-concurrent-requests`, held for the request's life.
+    /// A slot under the model's `--max-concurrent-requests`, held for the request's life.
     pub fn admit(&self) -> Result<OwnedSemaphorePermit, IvyError> {
-        (self.shared.limiter.clone())
+        (self.served().limiter.clone())
             .try_acquire_owned()
             .map_err(|_| IvyError::Overloaded)
     }
@@ -285,6 +284,7 @@ impl Served {
             tokenizer,
             template,
             affixes,
+            limiter: Arc::new(Semaphore::new(args.max_concurrent_requests)),
         })
     }
 }

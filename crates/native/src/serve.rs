@@ -267,6 +267,8 @@ fn run_workers(
         let (stop, stopped) = watch::channel(false);
         let (fatal, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
         let timeout = std::time::Duration::from_secs_f64(a.workers.shutdown_timeout.max(0.0));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = workers::cpu_threads(&plan, cores);
         let mut supervisors = Vec::new();
         for worker in &plan {
             let argv = workers::argv(worker, &forwarded, &a.engine.device);
@@ -274,6 +276,7 @@ fn run_workers(
                 python.clone(),
                 worker.clone(),
                 argv,
+                threads,
                 stopped.clone(),
                 fatal.clone(),
                 timeout,

@@ -165,6 +165,16 @@ pub fn backoff(failures: u32) -> Duration {
 /// count restarts).
 const STABLE: Duration = Duration::from_secs(60);
 
+/// The intra-op threads each CPU worker gets: the cores shared out among the CPU workers, so that
+/// N workers do not each spin a thread per core (None when no worker runs on the CPU).
+pub fn cpu_threads(workers: &[Worker], cores: usize) -> Option<usize> {
+    let on_cpu = workers
+        .iter()
+        .filter(|w| w.device.as_deref() == Some("cpu"))
+        .count();
+    (on_cpu > 0).then(|| (cores / on_cpu).max(1))
+}
+
 /// Runs `worker` (`python -m tulip.serve ARGV`) until `stop`, restarting it whenever it exits.
 /// A worker that exits before it first answered its health check is a configuration error: it
 /// is reported on `fatal` and not restarted.
@@ -172,6 +182,7 @@ pub async fn supervise(
     python: PathBuf,
     worker: Worker,
     argv: Vec<String>,
+    threads: Option<usize>,
     mut stop: watch::Receiver<bool>,
     fatal: mpsc::UnboundedSender<String>,
     shutdown_timeout: Duration,
@@ -179,7 +190,7 @@ pub async fn supervise(
     let mut failures = 0;
     let mut served = false;
     loop {
-        let mut child = match spawn(&python, &worker, &argv) {
+        let mut child = match spawn(&python, &worker, &argv, threads) {
             Ok(child) => child,
             Err(err) => {
                 let _ = fatal.send(format!("cannot start {}: {err}", worker.name()));
@@ -236,15 +247,29 @@ async fn first_health(worker: &Worker) {
     }
 }
 
-fn spawn(python: &PathBuf, worker: &Worker, argv: &[String]) -> std::io::Result<Child> {
+fn spawn(
+    python: &PathBuf,
+    worker: &Worker,
+    argv: &[String],
+    threads: Option<usize>,
+) -> std::io::Result<Child> {
     let mut command = tokio::process::Command::new(python);
     command
         .args(["-m", "tulip.serve"])
         .args(argv)
         .stdin(Stdio::null())
         .kill_on_drop(true);
-    if let Some(gpu) = worker.device.as_deref().filter(|d| *d != "cpu") {
-        command.env("CUDA_VISIBLE_DEVICES", gpu);
+    match worker.device.as_deref() {
+        Some("cpu") => {
+            // torch sizes its intra-op pool by OMP_NUM_THREADS; a value the user set wins.
+            if let (Some(n), None) = (threads, std::env::var_os("OMP_NUM_THREADS")) {
+                command.env("OMP_NUM_THREADS", n.to_string());
+            }
+        }
+        Some(gpu) => {
+            command.env("CUDA_VISIBLE_DEVICES", gpu);
+        }
+        None => {}
     }
     // A worker must not outlive its supervisor, even one killed with SIGKILL.
     #[cfg(target_os = "linux")]
@@ -372,6 +397,15 @@ mod tests {
                 "7001"
             ]
         );
+    }
+
+    #[test]
+    fn cpu_workers_share_the_cores() {
+        let cpu = plan(&[], &args(4, &["cpu"]), 7000).unwrap();
+        assert_eq!(cpu_threads(&cpu, 16), Some(4));
+        assert_eq!(cpu_threads(&cpu, 2), Some(1));
+        let gpu = plan(&[], &args(2, &["0"]), 7000).unwrap();
+        assert_eq!(cpu_threads(&gpu, 16), None);
     }
 
     #[test]
