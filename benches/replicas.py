@@ -4,11 +4,15 @@ of client batches and queries.
 
     python benches/replicas.py                                   # CPU: --devices cpu, MiniLM
     python benches/replicas.py --devices 0 --model DIR           # a GPU, any model folder
+    python benches/replicas.py --devices 0 --kill 2              # a worker of 2 SIGKILLed under load
 
 Queries: `--query-clients` clients, each sending one 4-16-token query at a time for a slice:
 answered queries/s and their p50/p99. Mixed: two clients sending batches of 32 passages
 (32-256 tokens) while the query clients keep going: batch tokens/s and the queries' p50/p99.
 Each server's figures pool its slices over `--rounds` rounds; the ratios are against 1 replica.
+With `--kill N`: one server of N replicas under the mixed load, one worker SIGKILLed: requests
+failed, p99 while it was down, how long the supervisor took to serve with it again, and the
+restarted worker's start-up fidelity check.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Slice:
     def __init__(self, url: str, seconds: float) -> None:
         self.url, self.end = url, time.monotonic() + seconds
         self.latencies: list[float] = []
+        self.sent: list[float] = []
         self.batch_tokens = 0
         self.errors = 0
         self.seconds = seconds
@@ -52,9 +57,11 @@ class Slice:
     def querier(self, pool: list[str], seed: int) -> None:
         rng, session = random.Random(seed), requests.Session()
         while time.monotonic() < self.end:
+            sent = time.monotonic()
             seconds, _ = self._post(session, [rng.choice(pool)])
             with self._lock:
                 self.latencies.append(seconds)
+                self.sent.append(sent)
 
     def batcher(self, pool: list[str], seed: int) -> None:
         rng, session = random.Random(seed), requests.Session()
@@ -80,6 +87,61 @@ def run_slice(url: str, seconds: float, pools: tuple[list[str], list[str]], clie
     return s
 
 
+def workers(server: Server) -> dict[int, int]:
+    """The server's worker processes: pid -> gRPC port."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                not entry.name.isdigit()
+                or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != server.process.pid
+            ):
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            found[int(entry.name)] = int(argv[argv.index(b"--grpc-port") + 1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def kill_one(server: Server, pools: tuple[list[str], list[str]], clients: int, seconds: float) -> None:
+    """The mixed load on `server` for `seconds`; a worker SIGKILLed a quarter of the way in."""
+    import os
+    import signal
+
+    load = Slice(server.url, seconds)
+    threads = [threading.Thread(target=load.querier, args=(pools[0], i)) for i in range(clients)]
+    threads += [threading.Thread(target=load.batcher, args=(pools[1], 100 + i)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds / 4)
+    pid, port = next(iter(workers(server).items()))
+    url = f"http://127.0.0.1:{port}"
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+
+    def state() -> str:
+        replicas = requests.get(f"{server.url}/info", timeout=10).json()["replicas"]
+        return next(r["state"] for r in replicas if r["url"] == url)
+
+    while state() == "ready":
+        time.sleep(0.05)
+    while state() != "ready":
+        time.sleep(0.1)
+    back = time.monotonic()
+    for t in threads:
+        t.join()
+    window = [x for x, sent in zip(load.latencies, load.sent, strict=True) if killed <= sent <= back]
+    replicas = requests.get(f"{server.url}/info", timeout=30).json()["replicas"]
+    fidelity = next(r["engine"]["fidelity"] for r in replicas if r["url"] == url)
+    print(f"queries answered: {len(load.latencies)}, batch tokens: {load.batch_tokens}, failed: {load.errors}")
+    print(
+        f"query p99 while the worker was down: {np.percentile(window, 99) * 1000:.1f} ms ({len(window)} queries); "
+        f"overall {np.percentile(load.latencies, 99) * 1000:.1f} ms"
+    )
+    print(f"worker serving again {back - killed:.1f} s after SIGKILL; its fidelity check: {json.dumps(fidelity)}")
+
+
 def summarize(slices: list[Slice]) -> dict[str, float]:
     latencies = np.array([x for s in slices for x in s.latencies]) * 1000
     seconds = sum(s.seconds for s in slices)
@@ -101,6 +163,7 @@ def main() -> None:
     p.add_argument("--slice", type=float, default=5.0, help="seconds of one slice")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--server-arg", action="append", default=[], help="a flag for every ivy-serve")
+    p.add_argument("--kill", type=int, metavar="N", help="kill a worker of an N-replica server under load instead")
     p.add_argument("--out", type=Path, default=Path("benches/out/replicas.json"))
     args = p.parse_args()
 
@@ -120,6 +183,15 @@ def main() -> None:
     model = ["--model", str(folder)] if args.model else []
     logs = Path(args.out).parent / "replicas-logs"
     logs.mkdir(parents=True, exist_ok=True)
+    if args.kill:
+        flags = [*model, "--devices", args.devices, "--replicas", str(args.kill), *args.server_arg]
+        server = start_server(logs, *flags, timeout=900)
+        try:
+            server.settle()
+            kill_one(server, pools, args.query_clients, max(40.0, args.slice * 8))
+        finally:
+            server.stop()
+        return
     servers: dict[int, Server] = {}
     try:
         for n in args.replicas:

@@ -316,9 +316,20 @@ impl Pool {
         })
     }
 
-    /// Every replica, for /info.
-    pub fn report(&self) -> Vec<ReplicaReport> {
-        self.members().iter().map(|r| r.report()).collect()
+    /// Every replica, for /info, with its engine's live state as JSON (the fidelity check it ran
+    /// at start, its graphs, ...) when it answers within the health timeout.
+    pub async fn report(&self) -> Vec<(ReplicaReport, Option<String>)> {
+        let members = self.members();
+        let live = members.iter().map(|r| async move {
+            let ready = r.state() == State::Ready;
+            let info = tokio::time::timeout(self.watch.timeout, r.client.info());
+            let engine = match ready {
+                true => info.await.ok().and_then(Result::ok).map(|i| i.engine_json),
+                false => None,
+            };
+            (r.report(), engine)
+        });
+        futures::future::join_all(live).await
     }
 }
 

@@ -31,7 +31,7 @@ pub(super) async fn live() -> StatusCode {
 
 /// Like TEI's /info: the (first) model as Tulip reports it (protos/tulip.proto's ModelInfo, live
 /// when a replica answers), the engine's live state, and Ivy's own limits; then `models`, each
-/// served model described the same way, and `replicas`, each Tulip's state and load.
+/// served model described the same way, and `replicas`, each Tulip's state, load and engine.
 #[utoipa::path(get, path = "/info", operation_id = "info", tag = "Status",
     responses((status = 200, description = "The models, the engines' state, the replicas and the limits", body = Object)))]
 pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
@@ -41,7 +41,18 @@ pub(super) async fn info(State(gateway): State<Gateway>) -> Json<Value> {
         models.push(describe(&model).await);
     }
     body["models"] = json!(models);
-    body["replicas"] = json!(gateway.pool().report());
+    let replicas = gateway
+        .pool()
+        .report()
+        .await
+        .into_iter()
+        .map(|(report, engine)| {
+            let mut entry = json!(report);
+            let engine = engine.and_then(|e| serde_json::from_str::<Value>(&e).ok());
+            entry["engine"] = engine.unwrap_or(Value::Null);
+            entry
+        });
+    body["replicas"] = json!(replicas.collect::<Vec<_>>());
     Json(body)
 }
 
