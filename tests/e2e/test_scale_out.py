@@ -161,7 +161,7 @@ def test_a_killed_replica_loses_no_request_and_takes_chunks_again(
     assert took - ready < 10
 
 
-def test_a_hung_replica_is_retried_after_the_deadline_not_waited_for(
+def test_a_hung_replicas_chunks_go_elsewhere_not_waited_for(
     gateway: Server, trio: list[Tulip], one_replica: dict[str, np.ndarray]
 ) -> None:
     victim = trio[2]
@@ -181,7 +181,8 @@ def test_a_hung_replica_is_retried_after_the_deadline_not_waited_for(
     assert load.errors() == []
     slowest = max(s for sent, s, _ in load.results if stopped <= sent <= resumed)
     print(f"\nhang: {len(load.results)} requests, 0 failed; slowest {slowest:.2f} s (deadline {DEADLINE} s)")
-    # A chunk on the hung replica waits out --replica-timeout once, then goes elsewhere.
+    # A chunk on the hung replica is given up when its health check times out (or at
+    # --replica-timeout, whichever comes first), then goes elsewhere.
     assert slowest < DEADLINE + 10
 
 
@@ -263,7 +264,7 @@ def test_two_models_behind_one_port_each_answered_by_its_own(
     server = start_server(tmp_path, "--model", str(embedder), "--model", str(reranker), *GATEWAY_FLAGS)
     try:
         listed = [m["id"] for m in requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]]
-        assert listed == ["tiny-embedder", "tiny-reranker"]
+        assert sorted(listed) == ["tiny-embedder", "tiny-reranker"]
         query, documents = "what is a cat", texts_module[:8]
 
         def embed(model: str = "tiny-embedder") -> requests.Response:

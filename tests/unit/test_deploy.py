@@ -48,7 +48,8 @@ def test_the_kustomization_lists_every_base_manifest() -> None:
     base = {p.name for p in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == base
     images = {i["name"] for i in kustomization["images"]}
-    used = {c["image"] for _, d in resources() if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]}
+    deployments = [d for _, d in resources() if d["kind"] == "Deployment"]
+    used = {c["image"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]}
     assert used == images
 
 

@@ -52,9 +52,10 @@ pub struct IvyArgs {
     )]
     pub tulip_endpoints: Vec<String>,
 
-    /// Seconds a chunk may take on one Tulip before it is sent to another (a hung replica's
-    /// chunks are retried, not waited for).
-    #[arg(long, env = "REPLICA_TIMEOUT", default_value = "60", value_parser = seconds,
+    /// Seconds a chunk may take on one Tulip before it is sent to another. A replica that fails
+    /// its health checks gives its chunks up at once; this bounds the rest (an engine's first
+    /// batches may wait for its kernels to compile).
+    #[arg(long, env = "REPLICA_TIMEOUT", default_value = "600", value_parser = seconds,
           help_heading = heading::SCALING)]
     pub replica_timeout: Duration,
 

@@ -247,7 +247,8 @@ impl ReplicaSet {
         try_join_all(calls).await
     }
 
-    /// One chunk's call on `replica`, counted in its load, bounded by the replica timeout.
+    /// One chunk's call on `replica`, counted in its load, given up when the replica is found
+    /// down (a hung one fails its health checks) or after the replica timeout.
     async fn attempt<T>(
         &self,
         replica: Arc<Replica>,
@@ -259,11 +260,18 @@ impl ReplicaSet {
         // Decrements even when the caller goes away mid-call.
         let _release = Release(&replica.in_flight, tokens);
         let start = Instant::now();
-        match tokio::time::timeout(self.timeout, sent).await {
-            Ok(answer) => Ok((answer?, start.elapsed())),
-            Err(_) => Err(TulipError::Remote(Status::deadline_exceeded(format!(
-                "Tulip at {} did not answer a chunk within {:?} (--replica-timeout)",
-                replica.url, self.timeout
+        let down = replica.went_down();
+        tokio::select! {
+            answer = tokio::time::timeout(self.timeout, sent) => match answer {
+                Ok(answer) => Ok((answer?, start.elapsed())),
+                Err(_) => Err(TulipError::Remote(Status::deadline_exceeded(format!(
+                    "Tulip at {} did not answer a chunk within {:?} (--replica-timeout)",
+                    replica.url, self.timeout
+                )))),
+            },
+            _ = down => Err(TulipError::Remote(Status::unavailable(format!(
+                "Tulip at {} went down with the chunk in flight",
+                replica.url
             )))),
         }
     }

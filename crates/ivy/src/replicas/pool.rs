@@ -63,6 +63,8 @@ pub struct Replica {
     pub(super) in_flight: AtomicUsize,
     errors: AtomicU64,
     chunks: AtomicU64,
+    /// Counts the replica's falls from ready to down: its chunks in flight stop waiting then.
+    downs: tokio::sync::watch::Sender<u64>,
 }
 
 /// A replica as /info shows it.
@@ -88,6 +90,7 @@ impl Replica {
             in_flight: AtomicUsize::new(0),
             errors: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
+            downs: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -110,10 +113,21 @@ impl Replica {
         if before != state && before != State::Starting {
             tracing::info!("Tulip at {} is {state:?} (was {before:?})", self.url);
         }
+        if before == State::Ready && state == State::Down {
+            self.downs.send_modify(|n| *n += 1);
+        }
         let model = self.info().map(|i| i.model_id.clone()).unwrap_or_default();
         let up = if state == State::Ready { 1.0 } else { 0.0 };
         metrics::gauge!("ivy_replica_ready", "replica" => self.url.clone(), "model" => model)
             .set(up);
+    }
+
+    /// Resolves when the replica next falls from ready to down (a failed health check or call).
+    pub(super) fn went_down(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let mut downs = self.downs.subscribe();
+        async move {
+            let _ = downs.changed().await;
+        }
     }
 
     pub(super) fn counted_chunk(&self) {
