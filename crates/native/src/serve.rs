@@ -152,18 +152,8 @@ fn run(
     hostname: String,
     tokenizer: Option<PathBuf>,
 ) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("ivy-tulip")
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async move {
-        let (stop, stopped) = watch::channel(false);
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            tracing::info!("shutting down");
-            let _ = stop.send(true);
-        });
+    runtime("ivy-tulip")?.block_on(async move {
+        let stopped = stop_on_signal(watch::channel(false));
         let until = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -258,13 +248,9 @@ fn run_workers(
     python: PathBuf,
     forwarded: Vec<String>,
 ) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("ivy")
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async move {
+    runtime("ivy")?.block_on(async move {
         let (stop, stopped) = watch::channel(false);
+        stop_on_signal((stop.clone(), stopped.clone()));
         let (fatal, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
         let timeout = std::time::Duration::from_secs_f64(a.workers.shutdown_timeout.max(0.0));
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -284,12 +270,6 @@ fn run_workers(
         }
         let tulips = Tulips::Endpoints(plan.iter().map(workers::Worker::url).collect());
         let mut shutdown = stopped.clone();
-        let signal = stop.clone();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            tracing::info!("shutting down");
-            let _ = signal.send(true);
-        });
         let serving = ivy::run(a.ivy, tulips, None, None, async move {
             let _ = shutdown.wait_for(|s| *s).await;
         });
@@ -298,16 +278,33 @@ fn run_workers(
             Some(why) = fatal_rx.recv() => Err(why),
         };
         let _ = stop.send(true);
-        futures_join(supervisors).await;
+        // Each supervisor stops its worker on the stop signal.
+        for supervisor in supervisors {
+            let _ = supervisor.await;
+        }
         result
     })
 }
 
-/// Waits for every supervisor (each stops its worker on the stop signal).
-async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
-    for task in tasks {
-        let _ = task.await;
-    }
+/// The multi-threaded runtime a command serves on.
+fn runtime(name: &str) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(name)
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+/// Sends `true` on the channel at SIGTERM or SIGINT; returns its receiver.
+fn stop_on_signal(
+    (stop, stopped): (watch::Sender<bool>, watch::Receiver<bool>),
+) -> watch::Receiver<bool> {
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop.send(true);
+    });
+    stopped
 }
 
 /// Loads ROSE under a Tulip scheduler in this process (the model folder already resolved).

@@ -80,11 +80,6 @@ impl ReplicaSet {
         }
     }
 
-    /// The model's name.
-    pub fn model(&self) -> &str {
-        &self.model
-    }
-
     /// What a ready replica serves now (its engine's live state included); a replica that does
     /// not answer within the health timeout is not waited for.
     pub async fn info(&self) -> Result<InfoResponse, IvyError> {
@@ -102,11 +97,6 @@ impl ReplicaSet {
     pub async fn tokenizer(&self) -> Result<TokenizerResponse, IvyError> {
         let replica = self.ready()?;
         Ok(replica.client.tokenizer().await?)
-    }
-
-    /// True when some replica of the model is ready.
-    pub fn is_healthy(&self) -> bool {
-        self.pool.any_ready(Some(&self.model))
     }
 
     fn ready(&self) -> Result<Arc<Replica>, IvyError> {
