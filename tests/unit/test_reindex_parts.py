@@ -29,6 +29,9 @@ def test_length_batches_hold_every_position_once_longest_first() -> None:
     texts = ["a" * n for n in (3, 9, 1, 7, 5)]
     batches = length_batches(texts, 2)
     assert batches == [[1, 3], [4, 0], [2]]
+    # A character budget closes a batch early; a document past it sits alone.
+    assert length_batches(texts, 3, max_chars=12) == [[1], [3, 4], [0, 2]]
+    assert length_batches(texts, 3, max_chars=5) == [[1], [3], [4], [0, 2]]
     assert [list(w) for w in windows(iter(range(5)), 2)] == [[0, 1], [2, 3], [4]]
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rose.attention.base import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
@@ -29,6 +30,11 @@ def length_groups(lengths: list[int], max_waste: float = 0.25, min_tokens: int =
         groups.append([i])
         real = lengths[i]
     return groups
+
+
+# Every SDPA kernel but cuDNN's: on Hopper torch prefers cuDNN for masked attention, and it builds
+# a plan for each new (sequences, length) shape, which the length groups make many of.
+_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -100,6 +106,13 @@ class SdpaBackend(AttentionBackend):
         return bias.masked_fill(~mask, float("-inf"))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windowed: bool = False) -> torch.Tensor:
+        with sdpa_kernel(_KERNELS):
+            outputs = self._attend(q, k, v, windowed)
+        result = torch.empty_like(q)
+        result[self._scatter] = torch.cat(outputs)
+        return result
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windowed: bool) -> list[torch.Tensor]:
         spec = self.spec
         outputs = []
         for g in self._groups:
@@ -115,6 +128,4 @@ class SdpaBackend(AttentionBackend):
                 enable_gqa=spec.num_kv_heads != spec.num_heads,
             )
             outputs.append(out.transpose(1, 2).reshape(g.sequences * g.length, -1, spec.head_dim)[g.keep])
-        result = torch.empty_like(q)
-        result[self._scatter] = torch.cat(outputs)
-        return result
+        return outputs

@@ -41,8 +41,8 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--max-batch-tokens", type=int, help="tokens per engine step")
     run = p.add_argument_group("batching")
     run.add_argument("--window", type=int, default=4096, help="documents sorted by length together; one part each")
-    run.add_argument("--batch-size", type=int, default=64, help="documents a request")
-    run.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    run.add_argument("--batch-size", type=int, default=256, help="most documents a request (and 1 MB of text)")
+    run.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     return p
 
 

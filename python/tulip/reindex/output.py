@@ -33,6 +33,9 @@ class Layout:
         """Creates the folder and records the settings; refuses a folder an earlier run filled
         with other settings (resuming it would mix two runs' vectors)."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.format == "parquet":
+            import pyarrow.parquet  # noqa: F401  (a slow import: here, before the run's clock starts)
+
         manifest = self.folder / f"manifest-{self.shard:05d}-of-{self.shards:05d}.json"
         if manifest.exists():
             before = json.loads(manifest.read_text())

@@ -8,8 +8,9 @@ import itertools
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,11 +36,25 @@ class Totals:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def length_batches(texts: list[str], batch_size: int) -> list[list[int]]:
-    """The positions of `texts` in batches of `batch_size`, by length (longest first), so that
-    each batch's sequences are alike and the longest start first."""
+MAX_BATCH_CHARS = 1_000_000
+"""Text a batch holds at most: half of ivy-serve's default --payload-limit, so a batch of long
+documents is still one accepted request."""
+
+
+def length_batches(texts: list[str], batch_size: int, max_chars: int = MAX_BATCH_CHARS) -> list[list[int]]:
+    """The positions of `texts` in batches of at most `batch_size` documents and `max_chars`
+    characters (a longer document alone), by length (longest first), so that each batch's
+    sequences are alike and the longest start first."""
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    chars = 0
+    for i in order:
+        if not batches or len(batches[-1]) == batch_size or chars + len(texts[i]) > max_chars:
+            batches.append([])
+            chars = 0
+        batches[-1].append(i)
+        chars += len(texts[i])
+    return batches
 
 
 def windows(documents: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
@@ -81,6 +96,25 @@ class Progress:
             self.bar.close()
 
 
+@dataclass
+class _Window:
+    """One window's documents, its batches' positions and their pending answers."""
+
+    k: int
+    ids: list[str]
+    batches: list[list[int]]
+    answers: list[Future]
+
+
+def _submit(pool: ThreadPoolExecutor, embedder: Embedder, k: int, docs: list[tuple[str, str]], size: int) -> _Window:
+    ids = [doc_id for doc_id, _ in docs]
+    # An empty document embeds as a space: the model's vector of no text, not an error.
+    texts = [text if text.strip() else " " for _, text in docs]
+    batches = length_batches(texts, size)
+    answers = [pool.submit(embedder.embed, [texts[i] for i in batch]) for batch in batches]
+    return _Window(k, ids, batches, answers)
+
+
 def reindex(
     corpus: Corpus,
     layout: Layout,
@@ -88,36 +122,53 @@ def reindex(
     shard: range,
     *,
     window: int = 4096,
-    batch_size: int = 64,
-    concurrency: int = 4,
+    batch_size: int = 256,
+    concurrency: int = 8,
 ) -> Totals:
-    """Embeds documents `shard` of `corpus` into `layout`'s parts; returns what it did."""
+    """Embeds documents `shard` of `corpus` into `layout`'s parts; returns what it did.
+
+    The next window is read and its batches queued before this one's answers are gathered, and
+    parts are written by a thread of their own, so the engine never waits between windows."""
     layout.prepare()
     parts = range(0, len(shard), window)
     finished = sum(min(window, len(shard) - start) for k, start in enumerate(parts) if layout.done(k))
     totals = Totals(skipped=finished)
     progress = Progress(len(shard), finished)
     begin = time.monotonic()
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="ivy-embed") as pool:
+    writes: list[Future] = []
+
+    def gather(w: _Window) -> None:
+        out: np.ndarray | None = None
+        for batch, answer in zip(w.batches, w.answers, strict=True):
+            vectors, tokens = answer.result()
+            if out is None:
+                out = np.empty((len(w.ids), vectors.shape[1]), dtype=vectors.dtype)
+            out[batch] = vectors
+            totals.tokens += tokens
+            progress.add(len(batch), tokens)
+        assert out is not None
+        writes.append(writer.submit(layout.write, w.k, w.ids, out))
+        totals.documents += len(w.ids)
+        for done in [f for f in writes if f.done()]:
+            done.result()  # a failed write stops the run here
+            writes.remove(done)
+
+    with (
+        ThreadPoolExecutor(concurrency, thread_name_prefix="ivy-embed") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="ivy-embed-write") as writer,
+    ):
+        ahead: deque[_Window] = deque()
         documents = corpus.documents(shard.start, shard.stop)
         for k, docs in enumerate(windows(documents, window)):
             if layout.done(k):
                 continue
-            ids = [doc_id for doc_id, _ in docs]
-            # An empty document embeds as a space: the model's vector of no text, not an error.
-            texts = [text if text.strip() else " " for _, text in docs]
-            batches = length_batches(texts, batch_size)
-            answers = pool.map(embedder.embed, [[texts[i] for i in batch] for batch in batches])
-            out: np.ndarray | None = None
-            for batch, (vectors, tokens) in zip(batches, answers, strict=True):
-                if out is None:
-                    out = np.empty((len(texts), vectors.shape[1]), dtype=vectors.dtype)
-                out[batch] = vectors
-                totals.tokens += tokens
-                progress.add(len(batch), tokens)
-            assert out is not None
-            layout.write(k, ids, out)
-            totals.documents += len(docs)
+            ahead.append(_submit(pool, embedder, k, docs, batch_size))
+            if len(ahead) > 1:
+                gather(ahead.popleft())
+        while ahead:
+            gather(ahead.popleft())
+        for f in writes:
+            f.result()
     progress.close()
     totals.seconds = time.monotonic() - begin
     return totals
