@@ -267,9 +267,9 @@ def main() -> None:
     clients = args.client_processes * args.query_clients
     print(f"devices {args.devices}, model {name}, {clients} query clients, steady {args.rate:g} queries/s, "
           f"{args.rounds} rounds of {args.slice:g} s slices")  # fmt: skip
-    print(
-        "| replicas | queries/s | p50 / p99 ms | steady: p50 / p99 ms | mixed: batch tokens/s | mixed: query p50 / p99 ms | errors |"
-    )  # noqa: E501
+    columns = ("replicas", "queries/s", "p50 / p99 ms", "steady: p50 / p99 ms", "mixed: batch tokens/s",
+               "mixed: query p50 / p99 ms", "errors")  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
     print("|---|---|---|---|---|---|---|")
     for n in args.replicas:
         q, s, m = (report[f"{n} x {kind}"] for kind in kinds)

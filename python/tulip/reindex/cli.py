@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("batching")
     run.add_argument("--window", type=int, default=4096, help="documents sorted by length together; one part each")
     run.add_argument("--batch-size", type=int, default=256, help="most documents a request (and 1 MB of text)")
-    run.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    run.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     return p
 
 

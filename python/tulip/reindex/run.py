@@ -123,7 +123,7 @@ def reindex(
     *,
     window: int = 4096,
     batch_size: int = 256,
-    concurrency: int = 8,
+    concurrency: int = 16,
 ) -> Totals:
     """Embeds documents `shard` of `corpus` into `layout`'s parts; returns what it did.
 
