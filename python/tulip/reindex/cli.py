@@ -39,6 +39,11 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     eng.add_argument("--dtype", default="auto", help="the engine's dtype, as ivy-serve takes it")
     eng.add_argument("--max-batch-tokens", type=int, help="tokens per engine step")
+    # A re-index runs full steps, whose kernel launches hide behind the GPU's work; graphs would
+    # only add a capture for each of the many (tokens, sequences) buckets a corpus hits.
+    eng.add_argument(
+        "--cuda-graphs", default="off", choices=("off", "lazy", "eager"), help="as ivy-serve takes it (default: off)"
+    )
     run = p.add_argument_group("batching")
     run.add_argument("--window", type=int, default=4096, help="documents sorted by length together; one part each")
     run.add_argument("--batch-size", type=int, default=256, help="most documents a request (and 1 MB of text)")
@@ -82,7 +87,7 @@ def make_embedder(args: argparse.Namespace) -> Embedder:
         return OverHttp(args.server, args.output_dtype, args.prompt_name, args.dimensions)
     from tulip import Client
 
-    flags = {"revision": args.revision, "device": args.device, "dtype": args.dtype}
+    flags = {"revision": args.revision, "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs}
     client = Client.in_process(args.model, max_batch_tokens=args.max_batch_tokens, **flags)
     return InProcess(client, args.output_dtype, args.prompt_name, args.dimensions)
 
