@@ -55,10 +55,12 @@ struct InProcess {
     tulip: TulipArgs,
 }
 
-/// A runtime for one gateway: the gRPC channel's and the scheduler's tasks run on it.
-fn runtime() -> PyResult<Runtime> {
+/// A runtime for one gateway, of `workers` threads: a remote Tulip's channel needs one (the
+/// callers' threads drive their own requests); an in-process engine's scheduler and answers need
+/// as many as a server has, or one busy task holds up the next batch.
+fn runtime(workers: usize) -> PyResult<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))
@@ -91,7 +93,7 @@ impl GatewayClient {
             tokenization_workers,
             ..IvyArgs::default()
         };
-        let runtime = runtime()?;
+        let runtime = runtime(1)?;
         let metrics = metrics();
         let patience = Duration::from_secs_f64(timeout.max(0.0));
         // The gRPC channel's background task needs the runtime: it is made inside it.
@@ -130,7 +132,8 @@ impl GatewayClient {
             tokenization_workers,
             ..IvyArgs::default()
         };
-        let runtime = runtime()?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let runtime = runtime(cores)?;
         let gateway = py
             .detach(|| {
                 runtime.block_on(async {
