@@ -24,8 +24,9 @@ class Client:
     no HTTP in between.
     """
 
-    def __init__(self, address: str = "127.0.0.1:50051", *, timeout: float = 10.0) -> None:
-        self._native = GatewayClient(address, timeout)
+    def __init__(self, address: str = "127.0.0.1:50051", *, timeout: float = 10.0, api_key: str | None = None) -> None:
+        """`api_key`: one of the server's --api-key keys, sent with every call (health needs none)."""
+        self._native = GatewayClient(address, timeout, api_key=api_key)
 
     @classmethod
     def in_process(cls, model: str | None = None, **flags: str | int | bool | None) -> Client:

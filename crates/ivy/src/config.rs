@@ -1,10 +1,12 @@
 //! Ivy's command-line flags (each also readable from an environment variable). Names follow
 //! text-embeddings-inference where it has the same flag.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
 use tulip::config::heading;
+use tulip::ApiKeys;
 
 /// Flags of the Ivy HTTP gateway.
 #[derive(Debug, Clone, Args)]
@@ -74,6 +76,20 @@ pub struct IvyArgs {
     #[arg(long, env = "DISCOVERY_INTERVAL", default_value = "5", value_parser = seconds,
           help_heading = heading::SCALING)]
     pub discovery_interval: Duration,
+
+    /// Requests a second each API key may send (a token bucket a second deep); past it, 429
+    /// with Retry-After. Needs --api-key.
+    #[arg(long, env = "API_KEY_REQUESTS_PER_SECOND", help_heading = heading::SECURITY)]
+    pub api_key_requests_per_second: Option<NonZeroU32>,
+
+    /// Tokens a minute each API key may have embedded or scored (a token bucket a minute deep,
+    /// charged as answers go out: a key past it waits for its bucket to refill). Needs --api-key.
+    #[arg(long, env = "API_KEY_TOKENS_PER_MINUTE", help_heading = heading::SECURITY)]
+    pub api_key_tokens_per_minute: Option<NonZeroU32>,
+
+    /// The keys of --api-key (read with Tulip's flags, tulip::AuthArgs).
+    #[arg(skip)]
+    pub keys: ApiKeys,
 }
 
 /// A duration given in (fractional) seconds.

@@ -1,11 +1,14 @@
 //! The one error type of Ivy, mapped to an HTTP status and a JSON body in one place.
 
-use axum::http::StatusCode;
+use std::time::Duration;
+
+use axum::http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use tonic::Code;
-use tulip::TulipError;
+use tulip::{AuthFailure, TulipError};
 
 /// Everything a request can fail with, as the client sees it.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +31,12 @@ pub enum IvyError {
     /// More requests in flight than `--max-concurrent-requests`.
     #[error("the server is handling as many requests as it allows; try again")]
     Overloaded,
+    /// No API key, or a wrong one.
+    #[error("{0}")]
+    Unauthorized(#[from] AuthFailure),
+    /// The key's own limit is spent for now; it may come back after the duration.
+    #[error("this API key's limit is reached; retry in {} s", retry_after(*.0))]
+    RateLimited(Duration),
     /// The served model does not do what the route asks (its task is the other one).
     #[error("{0}")]
     Unsupported(String),
@@ -53,6 +62,8 @@ impl IvyError {
             }
             IvyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             IvyError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
+            IvyError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            IvyError::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             IvyError::Unsupported(_) => (StatusCode::BAD_REQUEST, "unsupported"),
             IvyError::NotFound(_) => (StatusCode::NOT_FOUND, "model_not_found"),
             IvyError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
@@ -67,7 +78,8 @@ pub struct ErrorBody {
     /// What is wrong, naming the field or limit.
     pub error: String,
     /// The kind: validation, tokenizer, invalid_json, unsupported_media_type, payload_too_large,
-    /// overloaded, unsupported, model_not_found, unhealthy, not_found or engine.
+    /// overloaded, unauthorized, rate_limited, unsupported, model_not_found, unhealthy,
+    /// not_found or engine.
     pub error_type: &'static str,
 }
 
@@ -79,8 +91,27 @@ impl IntoResponse for IvyError {
             error: self.to_string(),
             error_type,
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        match self {
+            IvyError::Overloaded => {
+                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            IvyError::RateLimited(wait) => {
+                headers.insert(RETRY_AFTER, HeaderValue::from(retry_after(wait)));
+            }
+            IvyError::Unauthorized(_) => {
+                headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
     }
+}
+
+/// Whole seconds to wait, at least one (Retry-After takes no fractions).
+fn retry_after(wait: Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.as_secs() == 0))
 }
 
 impl From<TulipError> for IvyError {
@@ -92,6 +123,10 @@ impl From<TulipError> for IvyError {
             Code::InvalidArgument => IvyError::Validation(message),
             Code::FailedPrecondition => IvyError::Unsupported(message),
             Code::ResourceExhausted => IvyError::Overloaded,
+            // A Tulip that needs a key Ivy did not send: Ivy's configuration, not the client's.
+            Code::Unauthenticated => {
+                IvyError::Unavailable(format!("a Tulip refused Ivy's key: {message}"))
+            }
             Code::Unavailable | Code::DeadlineExceeded => IvyError::Unavailable(message),
             _ => IvyError::Engine(message),
         }

@@ -14,6 +14,7 @@ use tulip::TulipClient;
 
 use crate::config::IvyArgs;
 use crate::error::IvyError;
+use crate::key_limits::KeyLimits;
 use crate::replicas::discovery::{Resolve, SystemResolver};
 use crate::replicas::{Pool, ReplicaSet};
 use crate::template::{PairTemplate, Template};
@@ -40,6 +41,7 @@ struct Shared {
     pool: Arc<Pool>,
     models: Vec<Served>,
     metrics: PrometheusHandle,
+    limits: KeyLimits,
 }
 
 /// One served model: what its replicas serve, and what Ivy needs to send them requests.
@@ -116,11 +118,16 @@ impl Gateway {
             let replicas = ReplicaSet::new(pool.clone(), &info, args.replica_timeout);
             models.push(Served::load(&args, info, replicas, early.take()).await?);
         }
+        let limits = KeyLimits::new(
+            args.api_key_requests_per_second,
+            args.api_key_tokens_per_minute,
+        );
         let shared = Shared {
             args,
             pool,
             models,
             metrics,
+            limits,
         };
         Ok(Gateway {
             shared: Arc::new(shared),
@@ -191,6 +198,11 @@ impl Gateway {
     /// Every replica, whatever model it serves.
     pub fn pool(&self) -> &Pool {
         &self.shared.pool
+    }
+
+    /// The per-key limits (of --api-key-requests-per-second, --api-key-tokens-per-minute).
+    pub fn key_limits(&self) -> &KeyLimits {
+        &self.shared.limits
     }
 
     pub fn replicas(&self) -> &ReplicaSet {

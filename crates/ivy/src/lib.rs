@@ -10,6 +10,7 @@ pub mod error;
 pub mod gateway;
 pub mod http;
 pub mod input;
+pub mod key_limits;
 pub mod metrics;
 pub mod replicas;
 pub mod request;

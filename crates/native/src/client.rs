@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::runtime::Runtime;
 use tulip::proto::Encoding;
-use tulip::{TulipArgs, TulipClient};
+use tulip::{ApiKeys, TulipArgs, TulipClient};
 
 use crate::engine::EngineArgs;
 
@@ -75,14 +75,15 @@ fn metrics() -> metrics_exporter_prometheus::PrometheusHandle {
 #[pymethods]
 impl GatewayClient {
     /// Connects to Tulip at `address` ("host:port" or "http://host:port"), waiting up to
-    /// `timeout` seconds for it to answer.
+    /// `timeout` seconds for it to answer; `api_key` for a Tulip started with --api-key.
     #[new]
-    #[pyo3(signature = (address, timeout = 10.0, tokenization_workers = None))]
+    #[pyo3(signature = (address, timeout = 10.0, tokenization_workers = None, api_key = None))]
     fn new(
         py: Python<'_>,
         address: &str,
         timeout: f64,
         tokenization_workers: Option<usize>,
+        api_key: Option<String>,
     ) -> PyResult<GatewayClient> {
         let url = if address.contains("://") {
             address.to_string()
@@ -91,6 +92,7 @@ impl GatewayClient {
         };
         let args = IvyArgs {
             tokenization_workers,
+            keys: ApiKeys::new(api_key.into_iter().collect()),
             ..IvyArgs::default()
         };
         let runtime = runtime(1)?;

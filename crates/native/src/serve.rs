@@ -8,7 +8,7 @@ use ivy::{EarlyTokenizer, IvyArgs, Tulips};
 use pyo3::prelude::*;
 use tokio::sync::watch;
 use tulip::config::heading;
-use tulip::{Scheduler, TulipArgs, TulipClient};
+use tulip::{ApiKeys, Scheduler, TulipArgs, TulipClient};
 
 use crate::engine::{EngineArgs, Rose};
 use crate::workers::{self, WorkerArgs};
@@ -148,10 +148,14 @@ pub(crate) fn model_root(py: Python<'_>, engine: &EngineArgs) -> Result<PathBuf,
 fn run(
     engine: EngineArgs,
     tulip: TulipArgs,
-    ivy: Option<IvyArgs>,
+    mut ivy: Option<IvyArgs>,
     hostname: String,
     tokenizer: Option<PathBuf>,
 ) -> Result<(), String> {
+    let keys = ApiKeys::load(&tulip.auth)?;
+    if let Some(ivy) = ivy.as_mut() {
+        ivy.keys = keys.clone();
+    }
     runtime("ivy-tulip")?.block_on(async move {
         let stopped = stop_on_signal(watch::channel(false));
         let until = |mut rx: watch::Receiver<bool>| async move {
@@ -186,6 +190,7 @@ fn run(
         let grpc = tokio::spawn(tulip::server::serve(
             scheduler,
             listener,
+            keys,
             until(stopped.clone()),
         ));
 
@@ -243,11 +248,12 @@ fn serve_workers(py: Python<'_>, a: IvyServe, argv: &[String]) -> i32 {
 }
 
 fn run_workers(
-    a: IvyServe,
+    mut a: IvyServe,
     plan: Vec<workers::Worker>,
     python: PathBuf,
     forwarded: Vec<String>,
 ) -> Result<(), String> {
+    a.ivy.keys = ApiKeys::load(&a.tulip.auth)?;
     runtime("ivy")?.block_on(async move {
         let (stop, stopped) = watch::channel(false);
         stop_on_signal((stop.clone(), stopped.clone()));
@@ -257,12 +263,15 @@ fn run_workers(
         let threads = workers::cpu_threads(&plan, cores);
         let mut supervisors = Vec::new();
         for worker in &plan {
-            let argv = workers::argv(worker, &forwarded, &a.engine.device);
-            supervisors.push(tokio::spawn(workers::supervise(
-                python.clone(),
-                worker.clone(),
-                argv,
+            let launch = workers::Launch {
+                python: python.clone(),
+                argv: workers::argv(worker, &forwarded, &a.engine.device),
                 threads,
+                api_key: a.ivy.keys.outbound_key().map(str::to_string),
+            };
+            supervisors.push(tokio::spawn(workers::supervise(
+                launch,
+                worker.clone(),
                 stopped.clone(),
                 fatal.clone(),
                 timeout,

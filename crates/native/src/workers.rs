@@ -10,7 +10,7 @@ use clap::{Args, Command};
 use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 use tulip::config::heading;
-use tulip::TulipClient;
+use tulip::{ApiKeys, TulipClient};
 
 /// Flags that spread `ivy-serve` over worker processes.
 #[derive(Debug, Clone, Args)]
@@ -105,8 +105,16 @@ fn device(entry: &str) -> Result<String, String> {
     }
 }
 
-/// Flags each worker gets instead of the parent's.
-const OWN_FLAGS: [&str; 4] = ["model", "grpc-port", "hostname", "device"];
+/// Flags each worker gets instead of the parent's (the keys by environment: an argument shows in
+/// every process listing).
+const OWN_FLAGS: [&str; 6] = [
+    "model",
+    "grpc-port",
+    "hostname",
+    "device",
+    "api-key",
+    "api-key-file",
+];
 
 /// The flags of `argv` (ivy-serve's, read by `parent`) that `worker` (tulip-serve) also takes,
 /// less those every worker sets itself; environment variables reach workers by inheritance.
@@ -175,14 +183,24 @@ pub fn cpu_threads(workers: &[Worker], cores: usize) -> Option<usize> {
     (on_cpu > 0).then(|| (cores / on_cpu).max(1))
 }
 
+/// How to start one worker process.
+pub struct Launch {
+    /// The Python interpreter that runs `-m tulip.serve`.
+    pub python: PathBuf,
+    /// Its flags ([`argv`]).
+    pub argv: Vec<String>,
+    /// Its intra-op threads on the CPU ([`cpu_threads`]).
+    pub threads: Option<usize>,
+    /// The key it accepts (Ivy's, which Ivy sends), through its environment.
+    pub api_key: Option<String>,
+}
+
 /// Runs `worker` (`python -m tulip.serve ARGV`) until `stop`, restarting it whenever it exits.
 /// A worker that exits before it first answered its health check is a configuration error: it
 /// is reported on `fatal` and not restarted.
 pub async fn supervise(
-    python: PathBuf,
+    launch: Launch,
     worker: Worker,
-    argv: Vec<String>,
-    threads: Option<usize>,
     mut stop: watch::Receiver<bool>,
     fatal: mpsc::UnboundedSender<String>,
     shutdown_timeout: Duration,
@@ -190,7 +208,7 @@ pub async fn supervise(
     let mut failures = 0;
     let mut served = false;
     loop {
-        let mut child = match spawn(&python, &worker, &argv, threads) {
+        let mut child = match spawn(&launch, &worker) {
             Ok(child) => child,
             Err(err) => {
                 let _ = fatal.send(format!("cannot start {}: {err}", worker.name()));
@@ -239,7 +257,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// Resolves once the worker's gRPC health check first answers SERVING.
 async fn first_health(worker: &Worker) {
-    let Ok(client) = TulipClient::new(&worker.url()) else {
+    let Ok(client) = TulipClient::new(&worker.url(), &ApiKeys::default()) else {
         return std::future::pending().await;
     };
     while !matches!(client.health().await, Ok(true)) {
@@ -247,18 +265,19 @@ async fn first_health(worker: &Worker) {
     }
 }
 
-fn spawn(
-    python: &PathBuf,
-    worker: &Worker,
-    argv: &[String],
-    threads: Option<usize>,
-) -> std::io::Result<Child> {
-    let mut command = tokio::process::Command::new(python);
+fn spawn(launch: &Launch, worker: &Worker) -> std::io::Result<Child> {
+    let mut command = tokio::process::Command::new(&launch.python);
     command
         .args(["-m", "tulip.serve"])
-        .args(argv)
+        .args(&launch.argv)
         .stdin(Stdio::null())
-        .kill_on_drop(true);
+        .kill_on_drop(true)
+        .env_remove("API_KEY")
+        .env_remove("API_KEY_FILE");
+    if let Some(key) = &launch.api_key {
+        command.env("API_KEY", key);
+    }
+    let threads = launch.threads;
     match worker.device.as_deref() {
         Some("cpu") => {
             // torch sizes its intra-op pool by OMP_NUM_THREADS; a value the user set wins.

@@ -1,5 +1,6 @@
 //! A client of Tulip's gRPC contract, used by Ivy and by the Python `tulip.Client`.
 
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::server::NamedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
@@ -7,6 +8,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
+use crate::auth::ApiKeys;
 use crate::error::TulipError;
 use crate::proto;
 use crate::proto::tulip_client::TulipClient as RawClient;
@@ -20,6 +22,21 @@ struct Grpc {
     url: String,
     raw: RawClient<Channel>,
     health: HealthClient<Channel>,
+    /// The `authorization` metadata of every Tulip call, for a server that needs a key.
+    authorization: Option<MetadataValue<Ascii>>,
+}
+
+impl Grpc {
+    /// `message` as a call, with the key when there is one.
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        request
+    }
 }
 
 /// A cheap-to-clone handle on one Tulip server: over gRPC, or in this process.
@@ -38,8 +55,16 @@ enum Transport {
 }
 
 impl TulipClient {
-    /// Connects lazily to `url` (e.g. `http://127.0.0.1:50051`).
-    pub fn new(url: &str) -> Result<TulipClient, TulipError> {
+    /// Connects lazily to `url` (e.g. `http://127.0.0.1:50051`), sending `keys`' key (if any)
+    /// with every call.
+    pub fn new(url: &str, keys: &ApiKeys) -> Result<TulipClient, TulipError> {
+        let authorization = match keys.bearer() {
+            Some(value) => Some(
+                MetadataValue::try_from(value)
+                    .map_err(|_| TulipError::Validation("an API key must be ASCII".into()))?,
+            ),
+            None => None,
+        };
         let endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| TulipError::Validation(format!("bad Tulip address {url}: {e}")))?
             .tcp_nodelay(true);
@@ -50,7 +75,12 @@ impl TulipClient {
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let url = url.to_string();
         Ok(TulipClient {
-            transport: Transport::Grpc(Box::new(Grpc { url, raw, health })),
+            transport: Transport::Grpc(Box::new(Grpc {
+                url,
+                raw,
+                health,
+                authorization,
+            })),
         })
     }
 
@@ -75,7 +105,7 @@ impl TulipClient {
         request: proto::EmbedRequest,
     ) -> Result<proto::EmbedResponse, TulipError> {
         let response = match &self.transport {
-            Transport::Grpc(grpc) => grpc.raw.clone().embed(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().embed(grpc.request(request)).await?,
             Transport::InProcess(service) => service.embed(Request::new(request)).await?,
         };
         Ok(response.into_inner())
@@ -87,7 +117,7 @@ impl TulipClient {
         request: proto::ScoreRequest,
     ) -> Result<proto::ScoreResponse, TulipError> {
         let response = match &self.transport {
-            Transport::Grpc(grpc) => grpc.raw.clone().score(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().score(grpc.request(request)).await?,
             Transport::InProcess(service) => service.score(Request::new(request)).await?,
         };
         Ok(response.into_inner())
@@ -95,10 +125,10 @@ impl TulipClient {
 
     /// Describes the served model.
     pub async fn info(&self) -> Result<proto::InfoResponse, TulipError> {
-        let request = Request::new(proto::InfoRequest {});
+        let message = proto::InfoRequest {};
         let response = match &self.transport {
-            Transport::Grpc(grpc) => grpc.raw.clone().info(request).await?,
-            Transport::InProcess(service) => service.info(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().info(grpc.request(message)).await?,
+            Transport::InProcess(service) => service.info(Request::new(message)).await?,
         };
         Ok(response.into_inner())
     }
@@ -119,10 +149,10 @@ impl TulipClient {
 
     /// The model's tokenizer and tokenization settings.
     pub async fn tokenizer(&self) -> Result<proto::TokenizerResponse, TulipError> {
-        let request = Request::new(proto::TokenizerRequest {});
+        let message = proto::TokenizerRequest {};
         let response = match &self.transport {
-            Transport::Grpc(grpc) => grpc.raw.clone().tokenizer(request).await?,
-            Transport::InProcess(service) => service.tokenizer(request).await?,
+            Transport::Grpc(grpc) => grpc.raw.clone().tokenizer(grpc.request(message)).await?,
+            Transport::InProcess(service) => service.tokenizer(Request::new(message)).await?,
         };
         Ok(response.into_inner())
     }

@@ -2,6 +2,7 @@
 
 use clap::Args;
 
+use crate::auth::AuthArgs;
 use crate::packing::Budget;
 use crate::proto::ModelInfo;
 
@@ -17,6 +18,8 @@ pub mod heading {
     pub const LIMITS: &str = "Limits";
     /// Logs and metrics.
     pub const OBSERVABILITY: &str = "Observability";
+    /// API keys and per-key limits.
+    pub const SECURITY: &str = "Security";
 }
 
 /// Flags of the Tulip inference server.
@@ -34,6 +37,10 @@ pub struct TulipArgs {
     /// Most sequences packed into one engine step (default: 512).
     #[arg(long, env = "MAX_BATCH_REQUESTS", help_heading = heading::SCALING)]
     pub max_batch_requests: Option<usize>,
+
+    /// The API keys this process accepts (and, for Ivy, sends to its Tulips).
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 impl Budget {

@@ -3,6 +3,7 @@
 //!
 //! It knows nothing of Python: the engine is a trait, and the gRPC contract lives in `protos/`.
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod engine;
@@ -17,6 +18,7 @@ pub mod proto {
     tonic::include_proto!("tulip.v1");
 }
 
+pub use auth::{ApiKeys, AuthArgs, AuthFailure};
 pub use client::TulipClient;
 pub use config::TulipArgs;
 pub use engine::{Batch, Engine, Pending, Pooled, Probe, Served};

@@ -4,11 +4,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use tonic::server::NamedService;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
+use crate::auth::ApiKeys;
 use crate::error::{EngineError, TulipError};
 use crate::postprocess::{append_row, score_row, Shape};
 use crate::proto::tulip_server::{Tulip, TulipServer};
@@ -23,10 +25,11 @@ const HEALTH_POLL: Duration = Duration::from_millis(250);
 
 /// Serves `scheduler` over gRPC on `listener` until `shutdown` resolves, with the standard health
 /// service (grpc.health.v1): SERVING while the engine runs, NOT_SERVING from the moment it stops
-/// or `shutdown` resolves.
+/// or `shutdown` resolves. With `keys`, every Tulip RPC needs one (health stays open for probes).
 pub async fn serve(
     scheduler: Scheduler,
     listener: tokio::net::TcpListener,
+    keys: ApiKeys,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -34,6 +37,7 @@ pub async fn serve(
     let service = TulipServer::new(TulipService::new(scheduler))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = InterceptedService::new(service, move |request| authorize(&keys, request));
     let shutdown = async move {
         shutdown.await;
         watch.abort();
@@ -47,6 +51,22 @@ pub async fn serve(
             shutdown,
         )
         .await
+}
+
+/// Lets a request through when no key is needed or its `authorization` metadata holds one.
+fn authorize(keys: &ApiKeys, request: Request<()>) -> Result<Request<()>, Status> {
+    if keys.is_empty() {
+        return Ok(request);
+    }
+    let header = request.metadata().get("authorization");
+    match keys.check(header.and_then(|v| v.to_str().ok())) {
+        Ok(_) => Ok(request),
+        Err(failure) => {
+            metrics::counter!("tulip_auth_failures_total", "reason" => failure.reason())
+                .increment(1);
+            Err(Status::unauthenticated(failure.to_string()))
+        }
+    }
 }
 
 /// Keeps the health service's answer equal to the engine's state.

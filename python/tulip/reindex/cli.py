@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--dimensions", type=int, help="Matryoshka truncation")
     eng = p.add_argument_group("engine", "in this process unless --server names a running ivy-serve")
     eng.add_argument("--server", help="a running ivy-serve's URL (http://host:3000) instead of loading the model here")
+    eng.add_argument(
+        "--api-key", default=os.environ.get("API_KEY"), help="a key of a server with --api-key (default: $API_KEY)"
+    )
     eng.add_argument("--model", help="a model folder or hub id (default: all-MiniLM-L6-v2)")
     eng.add_argument("--revision", help="the hub revision of a hub id")
     eng.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -88,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def make_embedder(args: argparse.Namespace) -> Embedder:
     if args.server:
-        return OverHttp(args.server, args.output_dtype, args.prompt_name, args.dimensions)
+        # A server's API_KEY may list several keys; any one of them is accepted.
+        key = args.api_key.split(",")[0].strip() if args.api_key else None
+        return OverHttp(args.server, args.output_dtype, args.prompt_name, args.dimensions, key)
     import time
 
     from tulip import Client

@@ -42,11 +42,15 @@ class InProcess:
 class OverHttp:
     """A running server's `/v1/embeddings`: vLLM's raw bytes for floats, int8 and binary as JSON."""
 
-    def __init__(self, url: str, dtype: str, prompt_name: str | None, dimensions: int | None) -> None:
+    def __init__(
+        self, url: str, dtype: str, prompt_name: str | None, dimensions: int | None, api_key: str | None = None
+    ) -> None:
         if prompt_name:
             raise ValueError("--prompt-name is served by the in-process path and TEI's /embed, not with --server")
         self.url, self.dtype, self.dimensions = url.rstrip("/") + "/v1/embeddings", dtype, dimensions
         self.session = requests.Session()
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
 
     def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
         body: dict = {"input": texts, "encoding_format": "bytes" if _ENCODINGS[self.dtype] == "float32" else self.dtype}

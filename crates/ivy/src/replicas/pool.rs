@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tulip::proto::ModelInfo;
-use tulip::TulipClient;
+use tulip::{ApiKeys, TulipClient, TulipError};
 
 use super::balance;
 use super::identity::differs;
@@ -153,16 +153,24 @@ pub struct Pool {
     models: Mutex<Vec<(String, ModelInfo)>>,
     turn: AtomicUsize,
     watch: Watch,
+    /// What Ivy sends to Tulips that need a key.
+    keys: ApiKeys,
 }
 
 impl Pool {
-    pub fn new(watch: Watch) -> Arc<Pool> {
+    pub fn new(watch: Watch, keys: ApiKeys) -> Arc<Pool> {
         Arc::new(Pool {
             members: RwLock::new(Arc::new(Vec::new())),
             models: Mutex::new(Vec::new()),
             turn: AtomicUsize::new(0),
             watch,
+            keys,
         })
+    }
+
+    /// A client of the Tulip at `url`, with this gateway's key.
+    pub fn client(&self, url: &str) -> Result<TulipClient, TulipError> {
+        TulipClient::new(url, &self.keys)
     }
 
     /// How long a health check may take.
@@ -194,7 +202,7 @@ impl Pool {
             .collect();
         let (add, remove) = super::discovery::changes(&current, urls);
         for url in add {
-            match TulipClient::new(&url) {
+            match self.client(&url) {
                 Ok(client) => {
                     tracing::info!("{origin}: Tulip at {url} joins");
                     self.add(url, origin, client);
@@ -279,6 +287,17 @@ impl Pool {
         if replica.info().is_none() {
             let info = match tokio::time::timeout(timeout, replica.client.info()).await {
                 Ok(Ok(answer)) => answer.model,
+                // A key missing or wrong is configuration: no retry will mend it.
+                Ok(Err(err)) if err.code() == tonic::Code::Unauthenticated => {
+                    let why = format!(
+                        "Tulip at {} refuses this gateway's API key: {err}",
+                        replica.url
+                    );
+                    tracing::error!("{why}");
+                    let _ = replica.refusal.set(why);
+                    replica.set(State::Refused);
+                    return;
+                }
                 _ => return,
             };
             let Some(info) = info else {
@@ -352,14 +371,17 @@ mod tests {
     use super::*;
 
     fn pool() -> Arc<Pool> {
-        Pool::new(Watch {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-        })
+        Pool::new(
+            Watch {
+                interval: Duration::from_secs(1),
+                timeout: Duration::from_secs(1),
+            },
+            ApiKeys::default(),
+        )
     }
 
     fn ready(pool: &Pool, url: &str, model: &str) -> Arc<Replica> {
-        let client = TulipClient::new(&format!("http://{url}")).unwrap();
+        let client = TulipClient::new(&format!("http://{url}"), &ApiKeys::default()).unwrap();
         let replica = pool.add(url.into(), "test", client);
         let info = ModelInfo {
             model_id: model.into(),

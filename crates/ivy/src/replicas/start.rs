@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tulip::TulipClient;
-
 use super::discovery::{self, Resolve, Target};
 use super::{Pool, Watch};
 use crate::config::IvyArgs;
@@ -27,7 +25,7 @@ pub async fn start(
         interval: args.health_interval,
         timeout: args.health_timeout,
     };
-    let pool = Pool::new(watch);
+    let pool = Pool::new(watch, args.keys.clone());
     let mut origins = Vec::new();
     match tulips {
         Tulips::InProcess(client) => {
@@ -58,7 +56,7 @@ async fn add_endpoint(
 ) -> Result<(), IvyError> {
     match Target::parse(endpoint)? {
         Target::Fixed(url) => {
-            let client = TulipClient::new(&url)?;
+            let client = pool.client(&url)?;
             pool.add(url, endpoint, client);
         }
         Target::Name { scheme, host, port } => {
@@ -121,6 +119,8 @@ mod tests {
     use std::net::SocketAddr;
     use std::sync::Mutex;
 
+    use tulip::ApiKeys;
+
     use futures::future::BoxFuture;
 
     use super::*;
@@ -154,10 +154,13 @@ mod tests {
         let scripted = Arc::new(Scripted(Mutex::new(Ok(vec![]))));
         scripted.answer(&["127.0.0.2", "127.0.0.3"]);
         let resolver: Arc<dyn Resolve> = scripted.clone();
-        let pool = Pool::new(Watch {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-        });
+        let pool = Pool::new(
+            Watch {
+                interval: Duration::from_secs(1),
+                timeout: Duration::from_secs(1),
+            },
+            ApiKeys::default(),
+        );
         let every = Duration::from_millis(10);
         add_endpoint(&pool, "http://tulip.svc:7000", &resolver, every)
             .await

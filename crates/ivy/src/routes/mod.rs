@@ -1,6 +1,7 @@
 //! The HTTP routes. Each API family is a file that parses its bodies into the one request path
 //! (crate::request) and renders the answer; body.rs and timing.rs are what they share.
 
+mod auth;
 mod body;
 mod cohere;
 mod openai;
@@ -32,6 +33,7 @@ use crate::gateway::Gateway;
 /// (the client's when it sent one, else a new UUID), which every log line about it names.
 pub fn router(gateway: Gateway) -> Router {
     let payload_limit = gateway.args().payload_limit;
+    let keys = axum::middleware::from_fn_with_state(gateway.clone(), auth::require_key);
     let (routes, spec) = api().split_for_parts();
     let docs = ApiDefinition {
         uri_prefix: "/docs",
@@ -44,6 +46,8 @@ pub fn router(gateway: Gateway) -> Router {
         .layer(DefaultBodyLimit::max(payload_limit))
         .with_state(gateway)
         .merge(swagger_ui_dist::generate_routes(docs))
+        // Inside the request id's layers, so that a refused request is logged with its id too.
+        .layer(keys)
         // Outermost first: the id is set, then the request's span opens with it, then it goes
         // back on the answer.
         .layer(PropagateRequestIdLayer::x_request_id())

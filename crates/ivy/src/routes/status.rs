@@ -83,6 +83,10 @@ async fn describe(gateway: &Gateway) -> Value {
     body["health_interval_seconds"] = json!(args.health_interval.as_secs_f64());
     body["discovery_interval_seconds"] = json!(args.discovery_interval.as_secs_f64());
     body["tulip_endpoints"] = json!(args.tulip_endpoints);
+    // How many keys, never which.
+    body["api_keys"] = json!(args.keys.len());
+    body["api_key_requests_per_second"] = json!(args.api_key_requests_per_second);
+    body["api_key_tokens_per_minute"] = json!(args.api_key_tokens_per_minute);
     body["version"] = json!(env!("CARGO_PKG_VERSION"));
     body
 }
