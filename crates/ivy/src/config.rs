@@ -36,6 +36,18 @@ pub struct IvyArgs {
     #[arg(long, env = "AUTO_TRUNCATE", default_value_t = false, help_heading = heading::LIMITS)]
     pub auto_truncate: bool,
 
+    /// Seconds to keep serving after SIGTERM with /health answering 503, so that a load balancer
+    /// takes this server out before it refuses new connections.
+    #[arg(long, env = "DRAIN_DELAY", default_value = "0", value_parser = seconds,
+          help_heading = heading::SERVING)]
+    pub drain_delay: Duration,
+
+    /// Seconds the admitted requests have to finish once new connections are refused; past it
+    /// the server exits anyway (0) and stops its workers.
+    #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "30", value_parser = seconds,
+          help_heading = heading::SERVING)]
+    pub shutdown_timeout: Duration,
+
     /// Tokenization threads (default: one per CPU core).
     #[arg(long, env = "TOKENIZATION_WORKERS", help_heading = heading::SERVING)]
     pub tokenization_workers: Option<usize>,

@@ -3,6 +3,7 @@
 //! through one model (the request's), so the request paths never name a model themselves.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ struct Shared {
     models: Vec<Served>,
     metrics: PrometheusHandle,
     limits: KeyLimits,
+    /// Set at SIGTERM: /health answers 503 and answers close their connections.
+    draining: AtomicBool,
 }
 
 /// One served model: what its replicas serve, and what Ivy needs to send them requests.
@@ -128,6 +131,7 @@ impl Gateway {
             models,
             metrics,
             limits,
+            draining: AtomicBool::new(false),
         };
         Ok(Gateway {
             shared: Arc::new(shared),
@@ -198,6 +202,16 @@ impl Gateway {
     /// Every replica, whatever model it serves.
     pub fn pool(&self) -> &Pool {
         &self.shared.pool
+    }
+
+    /// True once the server drains (after SIGTERM).
+    pub fn is_draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Relaxed)
+    }
+
+    /// Starts draining: /health answers 503 from now on.
+    pub fn drain(&self) {
+        self.shared.draining.store(true, Ordering::Relaxed);
     }
 
     /// The per-key limits (of --api-key-requests-per-second, --api-key-tokens-per-minute).

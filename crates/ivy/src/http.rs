@@ -1,6 +1,6 @@
 //! Serving the HTTP API: binding the port, the router, graceful shutdown.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::time::Duration;
 
 use crate::config::IvyArgs;
@@ -49,8 +49,34 @@ pub async fn run(
             tracing::debug!("cannot set TCP_NODELAY on a connection: {err}");
         }
     });
-    axum::serve(listener, crate::routes::router(gateway))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| IvyError::Unavailable(format!("the HTTP server failed: {e}")))
+    // SIGTERM: /health answers 503 at once, new connections are still served for --drain-delay
+    // (a load balancer takes the server out meanwhile), then refused; the admitted requests have
+    // --shutdown-timeout to finish.
+    let (delay, timeout) = (gateway.args().drain_delay, gateway.args().shutdown_timeout);
+    let (closing, closed) = tokio::sync::oneshot::channel();
+    let draining = gateway.clone();
+    let signal = async move {
+        shutdown.await;
+        draining.drain();
+        tracing::info!("draining: /health answers 503; new connections refused in {delay:?}");
+        tokio::time::sleep(delay).await;
+        let _ = closing.send(());
+    };
+    let serving =
+        axum::serve(listener, crate::routes::router(gateway)).with_graceful_shutdown(signal);
+    let deadline = async move {
+        match closed.await {
+            Ok(()) => tokio::time::sleep(timeout).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        served = serving.into_future() => {
+            served.map_err(|e| IvyError::Unavailable(format!("the HTTP server failed: {e}")))
+        }
+        () = deadline => {
+            tracing::warn!("requests still running {timeout:?} after new connections were refused: exiting");
+            Ok(())
+        }
+    }
 }

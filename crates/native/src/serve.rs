@@ -255,10 +255,11 @@ fn run_workers(
 ) -> Result<(), String> {
     a.ivy.keys = ApiKeys::load(&a.tulip.auth)?;
     runtime("ivy")?.block_on(async move {
-        let (stop, stopped) = watch::channel(false);
-        stop_on_signal((stop.clone(), stopped.clone()));
+        let stopped = stop_on_signal(watch::channel(false));
+        // The workers stop after Ivy has drained: its admitted requests still need them.
+        let (halt, halted) = watch::channel(false);
         let (fatal, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
-        let timeout = std::time::Duration::from_secs_f64(a.workers.shutdown_timeout.max(0.0));
+        let timeout = a.ivy.shutdown_timeout;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = workers::cpu_threads(&plan, cores);
         let mut supervisors = Vec::new();
@@ -272,7 +273,7 @@ fn run_workers(
             supervisors.push(tokio::spawn(workers::supervise(
                 launch,
                 worker.clone(),
-                stopped.clone(),
+                halted.clone(),
                 fatal.clone(),
                 timeout,
             )));
@@ -286,8 +287,8 @@ fn run_workers(
             served = serving => served.map_err(|e| e.to_string()),
             Some(why) = fatal_rx.recv() => Err(why),
         };
-        let _ = stop.send(true);
-        // Each supervisor stops its worker on the stop signal.
+        let _ = halt.send(true);
+        // Each supervisor stops its worker on the halt signal.
         for supervisor in supervisors {
             let _ = supervisor.await;
         }

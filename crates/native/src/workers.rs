@@ -23,10 +23,6 @@ pub struct WorkerArgs {
     /// Devices to start workers on, comma-separated: GPU indices (0,1,...) or cpu.
     #[arg(long, env = "DEVICES", value_delimiter = ',', help_heading = heading::SCALING)]
     pub devices: Vec<String>,
-
-    /// Seconds a worker has to finish its admitted requests after SIGTERM before it is killed.
-    #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value_t = 30.0, help_heading = heading::SCALING)]
-    pub shutdown_timeout: f64,
 }
 
 /// One worker to run.
@@ -327,7 +323,6 @@ mod tests {
         WorkerArgs {
             replicas,
             devices: devices.iter().map(|d| d.to_string()).collect(),
-            shutdown_timeout: 1.0,
         }
     }
 

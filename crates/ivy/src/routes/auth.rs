@@ -1,7 +1,9 @@
-//! The API-key check in front of every route but the probes', and the per-key limits after it.
+//! What stands in front of every route: the API-key check with the per-key limits after it, and
+//! the drain's `Connection: close`.
 
 use axum::extract::{Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONNECTION};
+use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -39,6 +41,20 @@ pub(super) async fn require_key(
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(tokens) = tokens {
         gateway.key_limits().charge(key, tokens);
+    }
+    response
+}
+
+/// While the server drains, every answer closes its connection, so that a client's next request
+/// opens a new one (refused once the drain delay is over) instead of racing the close.
+pub(super) async fn close_when_draining(
+    State(gateway): State<Gateway>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if gateway.is_draining() {
+        (response.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
 }

@@ -34,6 +34,7 @@ use crate::gateway::Gateway;
 pub fn router(gateway: Gateway) -> Router {
     let payload_limit = gateway.args().payload_limit;
     let keys = axum::middleware::from_fn_with_state(gateway.clone(), auth::require_key);
+    let drain = axum::middleware::from_fn_with_state(gateway.clone(), auth::close_when_draining);
     let (routes, spec) = api().split_for_parts();
     let docs = ApiDefinition {
         uri_prefix: "/docs",
@@ -48,6 +49,7 @@ pub fn router(gateway: Gateway) -> Router {
         .merge(swagger_ui_dist::generate_routes(docs))
         // Inside the request id's layers, so that a refused request is logged with its id too.
         .layer(keys)
+        .layer(drain)
         // Outermost first: the id is set, then the request's span opens with it, then it goes
         // back on the answer.
         .layer(PropagateRequestIdLayer::x_request_id())

@@ -9,11 +9,14 @@ use serde_json::{json, Value};
 use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 
-/// Ready: some replica passed its last health check.
+/// Ready: some replica passed its last health check, and the server is not draining.
 #[utoipa::path(get, path = "/health", operation_id = "health", tag = "Status",
     responses((status = 200, description = "Ready"),
-              (status = 503, description = "No replica is ready", body = ErrorBody)))]
+              (status = 503, description = "No replica is ready, or the server drains", body = ErrorBody)))]
 pub(super) async fn health(State(gateway): State<Gateway>) -> Result<StatusCode, IvyError> {
+    if gateway.is_draining() {
+        return Err(IvyError::Unavailable("the server is shutting down".into()));
+    }
     if gateway.pool().any_ready(None) {
         Ok(StatusCode::OK)
     } else {
