@@ -36,6 +36,12 @@ pub struct IvyArgs {
     #[arg(long, env = "AUTO_TRUNCATE", default_value_t = false, help_heading = heading::LIMITS)]
     pub auto_truncate: bool,
 
+    /// Seconds a request may take from arrival to answer; past it, 504 and its work is dropped
+    /// (its chunks leave the queue before they reach the engine).
+    #[arg(long, env = "REQUEST_TIMEOUT", default_value = "600", value_parser = seconds,
+          help_heading = heading::LIMITS)]
+    pub request_timeout: Duration,
+
     /// Seconds to keep serving after SIGTERM with /health answering 503, so that a load balancer
     /// takes this server out before it refuses new connections.
     #[arg(long, env = "DRAIN_DELAY", default_value = "0", value_parser = seconds,

@@ -46,6 +46,9 @@ pub enum IvyError {
     /// Tulip cannot be reached or its engine stopped.
     #[error("{0}")]
     Unavailable(String),
+    /// The request took longer than `--request-timeout`.
+    #[error("the request took longer than the server's --request-timeout ({0:?})")]
+    Timeout(Duration),
     /// The engine failed (not the client's mistake).
     #[error("{0}")]
     Engine(String),
@@ -67,6 +70,7 @@ impl IvyError {
             IvyError::Unsupported(_) => (StatusCode::BAD_REQUEST, "unsupported"),
             IvyError::NotFound(_) => (StatusCode::NOT_FOUND, "model_not_found"),
             IvyError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
+            IvyError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
             IvyError::Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine"),
         }
     }
@@ -79,7 +83,7 @@ pub struct ErrorBody {
     pub error: String,
     /// The kind: validation, tokenizer, invalid_json, unsupported_media_type, payload_too_large,
     /// overloaded, unauthorized, rate_limited, unsupported, model_not_found, unhealthy,
-    /// not_found or engine.
+    /// not_found, timeout or engine.
     pub error_type: &'static str,
 }
 

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod deadline;
 pub mod engine;
 pub mod error;
 pub mod packing;

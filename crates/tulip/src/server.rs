@@ -11,6 +11,7 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::auth::ApiKeys;
+use crate::deadline;
 use crate::error::{EngineError, TulipError};
 use crate::postprocess::{append_row, score_row, Shape};
 use crate::proto::tulip_server::{Tulip, TulipServer};
@@ -117,13 +118,15 @@ impl Tulip for TulipService {
         &self,
         request: Request<proto::EmbedRequest>,
     ) -> Result<Response<proto::EmbedResponse>, Status> {
+        let limit = deadline::of(request.metadata());
         let request = request.into_inner();
         let model = &self.scheduler.served().model;
         require_task(model, "embed")?;
         let shape = validate(&request, model)?;
         let count = request.lengths.len();
         let sequences = sequences(request.token_ids, request.token_type_ids, &request.lengths);
-        let embedded = self.scheduler.run(sequences).await?;
+        let embedded =
+            deadline::within(limit, async { Ok(self.scheduler.run(sequences).await?) }).await?;
         let mut data = Vec::with_capacity(count * shape.row_bytes());
         for row in 0..count {
             append_row(embedded.pooled.row(row), shape, &mut data);
@@ -142,6 +145,7 @@ impl Tulip for TulipService {
         &self,
         request: Request<proto::ScoreRequest>,
     ) -> Result<Response<proto::ScoreResponse>, Status> {
+        let limit = deadline::of(request.metadata());
         let request = request.into_inner();
         let model = &self.scheduler.served().model;
         require_task(model, "score")?;
@@ -153,7 +157,8 @@ impl Tulip for TulipService {
         validate_sequences(lengths, model)?;
         let count = request.lengths.len();
         let sequences = sequences(request.token_ids, request.token_type_ids, &request.lengths);
-        let answer = self.scheduler.run(sequences).await?;
+        let answer =
+            deadline::within(limit, async { Ok(self.scheduler.run(sequences).await?) }).await?;
         let mut scores = Vec::with_capacity(count * answer.pooled.dim);
         for row in 0..count {
             score_row(answer.pooled.row(row), request.raw_scores, &mut scores);

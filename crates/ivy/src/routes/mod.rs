@@ -1,9 +1,9 @@
 //! The HTTP routes. Each API family is a file that parses its bodies into the one request path
 //! (crate::request) and renders the answer; body.rs and timing.rs are what they share.
 
-mod auth;
 mod body;
 mod cohere;
+mod guards;
 mod openai;
 mod rerank;
 mod schema;
@@ -33,8 +33,9 @@ use crate::gateway::Gateway;
 /// (the client's when it sent one, else a new UUID), which every log line about it names.
 pub fn router(gateway: Gateway) -> Router {
     let payload_limit = gateway.args().payload_limit;
-    let keys = axum::middleware::from_fn_with_state(gateway.clone(), auth::require_key);
-    let drain = axum::middleware::from_fn_with_state(gateway.clone(), auth::close_when_draining);
+    let keys = axum::middleware::from_fn_with_state(gateway.clone(), guards::require_key);
+    let deadline = axum::middleware::from_fn_with_state(gateway.clone(), guards::deadline);
+    let drain = axum::middleware::from_fn_with_state(gateway.clone(), guards::close_when_draining);
     let (routes, spec) = api().split_for_parts();
     let docs = ApiDefinition {
         uri_prefix: "/docs",
@@ -48,6 +49,7 @@ pub fn router(gateway: Gateway) -> Router {
         .with_state(gateway)
         .merge(swagger_ui_dist::generate_routes(docs))
         // Inside the request id's layers, so that a refused request is logged with its id too.
+        .layer(deadline)
         .layer(keys)
         .layer(drain)
         // Outermost first: the id is set, then the request's span opens with it, then it goes

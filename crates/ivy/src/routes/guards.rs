@@ -1,5 +1,5 @@
-//! What stands in front of every route: the API-key check with the per-key limits after it, and
-//! the drain's `Connection: close`.
+//! What stands in front of every route: the API-key check with the per-key limits after it, the
+//! request's deadline, and the drain's `Connection: close`.
 
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONNECTION};
@@ -57,4 +57,18 @@ pub(super) async fn close_when_draining(
         (response.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// Answers 504 when a request takes longer than `--request-timeout`; the request's work is
+/// dropped with it, so its chunks leave Tulip's queue (a dropped call frees its place).
+pub(super) async fn deadline(
+    State(gateway): State<Gateway>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let limit = gateway.args().request_timeout;
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => IvyError::Timeout(limit).into_response(),
+    }
 }
