@@ -1,5 +1,6 @@
 //! First-come first-served packing under a token budget (pure logic, no I/O): the one rule by
-//! which Tulip's queue fills an engine step and Ivy cuts a client batch into chunks.
+//! which Tulip's queue fills an engine step and Ivy cuts a client batch into chunks; small
+//! requests form a class of their own, packed first.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -55,7 +56,28 @@ pub trait Queued {
 /// one: later arrivals never overtake earlier ones.
 pub fn take_batch<T: Queued>(queue: &mut VecDeque<T>, budget: Budget) -> Vec<T> {
     let mut batch = Vec::new();
-    let mut tokens = 0;
+    fill(&mut batch, queue, budget);
+    batch
+}
+
+/// A batch from two queues: `small` (the sequences of small requests: queries) first, then
+/// `bulk` (large requests, a client batch's chunks) in what budget is left, each queue first come
+/// first served. A flood of large batches then delays a query by at most the step in progress.
+pub fn take_batch_small_first<T: Queued>(
+    small: &mut VecDeque<T>,
+    bulk: &mut VecDeque<T>,
+    budget: Budget,
+) -> Vec<T> {
+    let mut batch = take_batch(small, budget);
+    if small.iter().all(|s| !s.is_wanted()) {
+        fill(&mut batch, bulk, budget);
+    }
+    batch
+}
+
+/// Moves entries from the front of `queue` onto `batch` while `budget` admits them.
+fn fill<T: Queued>(batch: &mut Vec<T>, queue: &mut VecDeque<T>, budget: Budget) {
+    let mut tokens: usize = batch.iter().map(Queued::tokens).sum();
     while let Some(next) = queue.front() {
         if !next.is_wanted() {
             queue.pop_front();
@@ -67,7 +89,6 @@ pub fn take_batch<T: Queued>(queue: &mut VecDeque<T>, budget: Budget) -> Vec<T> 
         tokens += next.tokens();
         batch.extend(queue.pop_front());
     }
-    batch
 }
 
 #[cfg(test)]
@@ -180,5 +201,30 @@ mod tests {
         let mut q = queue(&[90, 90, 10]);
         q[1].wanted = false;
         assert_eq!(ids(&take_batch(&mut q, BUDGET)), [0, 2]);
+    }
+
+    #[test]
+    fn small_requests_go_first_and_bulk_fills_what_is_left() {
+        let mut bulk = queue(&[60, 60, 60]);
+        let mut small: VecDeque<Seq> = [(10, 5), (11, 5)]
+            .into_iter()
+            .map(|(id, tokens)| Seq {
+                id,
+                tokens,
+                wanted: true,
+            })
+            .collect();
+        let batch = take_batch_small_first(&mut small, &mut bulk, BUDGET);
+        assert_eq!(ids(&batch), vec![10, 11, 0]);
+        let batch = take_batch_small_first(&mut small, &mut bulk, BUDGET);
+        assert_eq!(ids(&batch), vec![1]);
+        // Bulk waits while small sequences are left over (they filled the step).
+        let mut small = queue(&[70, 70]);
+        let mut bulk = queue(&[10]);
+        assert_eq!(
+            ids(&take_batch_small_first(&mut small, &mut bulk, BUDGET)),
+            vec![0]
+        );
+        assert_eq!(bulk.len(), 1);
     }
 }

@@ -16,7 +16,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Batch, Engine, Pending, Pooled, Probe, Served};
 use crate::error::{EngineError, TulipError};
-use crate::packing::{take_batch, Budget, Queued};
+use crate::packing::{take_batch_small_first, Budget, Queued};
+
+/// Requests of at most this many tokens (a query, a few short texts) are packed ahead of larger
+/// ones, so that a client batch's chunks never queue a query behind them.
+pub const SMALL_REQUEST_TOKENS: usize = 1024;
 
 /// Handle to the engine thread; cloning it is cheap.
 #[derive(Clone)]
@@ -245,19 +249,19 @@ fn engine_loop<E: Engine>(
     budget: Budget,
     to_waiter: SyncSender<InFlight<E::Pending>>,
 ) {
-    let mut queue = VecDeque::new();
+    let (mut small, mut bulk) = (VecDeque::new(), VecDeque::new());
     loop {
-        if queue.is_empty() {
+        if small.is_empty() && bulk.is_empty() {
             match incoming.blocking_recv() {
-                Some(job) => enqueue(&mut queue, job),
+                Some(job) => enqueue(&mut small, &mut bulk, job),
                 None => return,
             }
         }
         while let Ok(job) = incoming.try_recv() {
-            enqueue(&mut queue, job);
+            enqueue(&mut small, &mut bulk, job);
         }
-        let members = take_batch(&mut queue, budget);
-        metrics::gauge!("tulip_queue_sequences").set(queue.len() as f64);
+        let members = take_batch_small_first(&mut small, &mut bulk, budget);
+        metrics::gauge!("tulip_queue_sequences").set((small.len() + bulk.len()) as f64);
         if members.is_empty() {
             continue;
         }
@@ -289,7 +293,12 @@ fn engine_loop<E: Engine>(
     }
 }
 
-fn enqueue(queue: &mut VecDeque<Sequence>, job: Arc<Job>) {
+fn enqueue(small: &mut VecDeque<Sequence>, bulk: &mut VecDeque<Sequence>, job: Arc<Job>) {
+    let queue = if job.sequences.token_ids.len() <= SMALL_REQUEST_TOKENS {
+        small
+    } else {
+        bulk
+    };
     queue.extend((0..job.sequences()).map(|index| Sequence {
         job: job.clone(),
         index,
