@@ -27,6 +27,12 @@ pub struct IvyArgs {
     #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512, help_heading = heading::LIMITS)]
     pub max_concurrent_requests: usize,
 
+    /// Most tokens of large requests (over 1,024 tokens) admitted and not yet answered, for each
+    /// served model; a request past it is answered 429 at once. Small requests are bounded by
+    /// --max-concurrent-requests alone.
+    #[arg(long, env = "MAX_QUEUED_TOKENS", default_value_t = 1 << 20, help_heading = heading::LIMITS)]
+    pub max_queued_tokens: usize,
+
     /// Largest request body in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000, help_heading = heading::LIMITS)]
     pub payload_limit: usize,

@@ -20,6 +20,7 @@ use crate::replicas::discovery::{Resolve, SystemResolver};
 use crate::replicas::{Pool, ReplicaSet};
 use crate::template::{PairTemplate, Template};
 use crate::tokenization::TokenizerPool;
+use tulip::scheduler::SMALL_REQUEST_TOKENS;
 
 /// Where the gateway's Tulips are.
 pub enum Tulips {
@@ -57,6 +58,8 @@ struct Served {
     affixes: (Arc<[u32]>, Arc<[u32]>),
     /// Its own `--max-concurrent-requests`, so that one model's flood does not refuse another's.
     limiter: Arc<Semaphore>,
+    /// Tokens of large requests admitted and not yet answered (`--max-queued-tokens`).
+    queued_tokens: Arc<Semaphore>,
 }
 
 /// The model folder's tokenizer.json, read and parsed on a blocking thread while the engine
@@ -257,6 +260,20 @@ impl Gateway {
             .try_acquire_owned()
             .map_err(|_| IvyError::Overloaded)
     }
+
+    /// Admits a tokenized request's `tokens` into the queue, or answers 429 at once. Small
+    /// requests (queries) have a budget of their own, the request count alone, so that a flood
+    /// of large batches cannot shut them out; a request larger than the whole budget runs alone.
+    pub fn admit_tokens(&self, tokens: usize) -> Result<Option<OwnedSemaphorePermit>, IvyError> {
+        if tokens <= SMALL_REQUEST_TOKENS {
+            return Ok(None);
+        }
+        let wanted = tokens.min(self.args().max_queued_tokens).max(1) as u32;
+        (self.served().queued_tokens.clone())
+            .try_acquire_many_owned(wanted)
+            .map(Some)
+            .map_err(|_| IvyError::Overloaded)
+    }
 }
 
 /// Whether a request's `model` names `id`: the id itself, or its last path part
@@ -311,6 +328,7 @@ impl Served {
             template,
             affixes,
             limiter: Arc::new(Semaphore::new(args.max_concurrent_requests)),
+            queued_tokens: Arc::new(Semaphore::new(args.max_queued_tokens)),
         })
     }
 }

@@ -98,6 +98,7 @@ impl Gateway {
             dimensions,
             encoding: call.encoding,
         };
+        let _queued = self.admit_tokens(tokens)?;
         let (vectors, chunk) = self.replicas().embed(&sequences, &[], shape).await?;
         let embedded = Embedded {
             vectors,

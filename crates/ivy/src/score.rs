@@ -175,6 +175,7 @@ impl Gateway {
             Vec::new()
         };
         let sequences: Vec<Vec<u32>> = encoded.into_iter().map(|e| e.ids).collect();
+        let _queued = self.admit_tokens(sequences.iter().map(Vec::len).sum())?;
         let (scores, labels, chunk) = self.replicas().score(&sequences, &types, raw).await?;
         let timings = Timings {
             queue: chunk.queue,

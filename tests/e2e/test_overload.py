@@ -1,0 +1,41 @@
+"""Admission by work: large requests share --max-queued-tokens (past it, 429 with Retry-After at
+once), while small requests (queries) have a budget of their own and are still served."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from support import start_server
+
+
+def test_large_requests_past_the_token_budget_get_429_and_queries_do_not(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--max-queued-tokens", "3000")
+    try:
+        assert requests.get(f"{server.url}/info", timeout=10).json()["max_queued_tokens"] == 3000
+        passage = "a passage long enough to count, about admission by tokens rather than requests " * 12
+        large = {"inputs": [passage] * 10, "truncate": True}  # ~2,000 tokens
+
+        def post_large(_: int) -> tuple[int, float, str | None]:
+            began = time.monotonic()
+            answer = requests.post(f"{server.url}/embed", json=large, timeout=120)
+            return answer.status_code, time.monotonic() - began, answer.headers.get("retry-after")
+
+        with ThreadPoolExecutor(8) as pool:
+            flood = [pool.submit(post_large, i) for i in range(8)]
+            time.sleep(0.2)
+            query = requests.post(f"{server.url}/embed", json={"inputs": "a short query"}, timeout=120)
+            results = [f.result() for f in flood]
+        assert query.status_code == 200, query.text
+        codes = [code for code, _, _ in results]
+        assert set(codes) == {200, 429}, codes
+        for code, seconds, retry_after in results:
+            if code == 429:
+                assert retry_after == "1" and seconds < 2
+        # Once the flood is answered, the budget is free again.
+        assert requests.post(f"{server.url}/embed", json=large, timeout=120).status_code == 200
+    finally:
+        server.stop()
