@@ -136,3 +136,30 @@ impl From<TulipError> for IvyError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up_and_at_least_one() {
+        assert_eq!(retry_after(Duration::ZERO), 1);
+        assert_eq!(retry_after(Duration::from_millis(300)), 1);
+        assert_eq!(retry_after(Duration::from_secs(2)), 2);
+        assert_eq!(retry_after(Duration::from_millis(2500)), 3);
+    }
+
+    #[test]
+    fn refusals_carry_the_headers_a_client_acts_on() {
+        let limited = IvyError::RateLimited(Duration::from_millis(1500)).into_response();
+        assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(limited.headers()[RETRY_AFTER], "2");
+        let overloaded = IvyError::Overloaded.into_response();
+        assert_eq!(overloaded.headers()[RETRY_AFTER], "1");
+        let refused = IvyError::Unauthorized(AuthFailure::Wrong).into_response();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(refused.headers()[WWW_AUTHENTICATE], "Bearer");
+        let late = IvyError::Timeout(Duration::from_secs(1)).into_response();
+        assert_eq!(late.status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+}

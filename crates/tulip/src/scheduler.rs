@@ -282,6 +282,7 @@ fn engine_loop<E: Engine>(
                 }
             }
             Err(err) => {
+                metrics::counter!("tulip_engine_faults_total").increment(1);
                 tracing::error!(
                     "engine step of {} tokens in {} sequences failed: {err}",
                     batch.token_ids.len(),
