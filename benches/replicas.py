@@ -25,6 +25,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +107,9 @@ class Load:
     rate: float
     pools: tuple[list[str], list[str]]
 
-    def run(self, url: str, seconds: float, kind: str, during: object = None) -> tuple[Answers, float]:
+    def run(
+        self, url: str, seconds: float, kind: str, during: Callable[[], None] | None = None
+    ) -> tuple[Answers, float]:
         """One slice of `kind` (queries, steady or mixed) on `url`; `during()` runs meanwhile in
         this process (the kill test). The answers and the slice's seconds."""
         start = time.time()
@@ -125,7 +128,7 @@ class Load:
             ]
         for t in batchers:
             t.start()
-        if callable(during):
+        if during is not None:
             during()
         for t in batchers:
             t.join()

@@ -115,7 +115,7 @@ impl IntoResponse for IvyError {
 
 /// Whole seconds to wait, at least one (Retry-After takes no fractions).
 fn retry_after(wait: Duration) -> u64 {
-    wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.as_secs() == 0))
+    wait.as_nanos().div_ceil(1_000_000_000).max(1) as u64
 }
 
 impl From<TulipError> for IvyError {

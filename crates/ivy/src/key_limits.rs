@@ -34,13 +34,8 @@ impl KeyLimits {
 
     /// Admits one request of `key`, or says how long it should wait.
     pub fn admit(&self, key: usize) -> Result<(), Duration> {
-        if let Some(per_minute) = self.tokens_per_minute {
-            let mut budgets = self.tokens.lock().expect("budget lock");
-            let budget = budgets
-                .entry(key)
-                .or_insert_with(|| TokenBudget::new(per_minute, Instant::now()));
-            budget.admit(Instant::now())?;
-        }
+        self.with_budget(key, |budget, now| budget.admit(now))
+            .unwrap_or(Ok(()))?;
         if let Some(limiter) = &self.requests {
             let clock = DefaultClock::default();
             limiter
@@ -52,14 +47,22 @@ impl KeyLimits {
 
     /// Charges `tokens` (what an answer embedded or scored) to `key`.
     pub fn charge(&self, key: usize, tokens: u64) {
-        if let Some(per_minute) = self.tokens_per_minute {
-            let mut budgets = self.tokens.lock().expect("budget lock");
-            let now = Instant::now();
-            let budget = budgets
-                .entry(key)
-                .or_insert_with(|| TokenBudget::new(per_minute, now));
-            budget.charge(tokens, now);
-        }
+        self.with_budget(key, |budget, now| budget.charge(tokens, now));
+    }
+
+    /// `f` on `key`'s token budget (made full on first use); None without a tokens limit.
+    fn with_budget<T>(
+        &self,
+        key: usize,
+        f: impl FnOnce(&mut TokenBudget, Instant) -> T,
+    ) -> Option<T> {
+        let per_minute = self.tokens_per_minute?;
+        let now = Instant::now();
+        let mut budgets = self.tokens.lock().expect("budget lock");
+        let budget = budgets
+            .entry(key)
+            .or_insert_with(|| TokenBudget::new(per_minute, now));
+        Some(f(budget, now))
     }
 }
 

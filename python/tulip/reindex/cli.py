@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from tulip.reindex.corpus import FORMATS, Corpus, parse_shard, shard_range
@@ -95,8 +96,6 @@ def make_embedder(args: argparse.Namespace) -> Embedder:
         # A server's API_KEY may list several keys; any one of them is accepted.
         key = args.api_key.split(",")[0].strip() if args.api_key else None
         return OverHttp(args.server, args.output_dtype, args.prompt_name, args.dimensions, key)
-    import time
-
     from tulip import Client
 
     flags = {"revision": args.revision, "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs}
