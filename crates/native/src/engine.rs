@@ -30,7 +30,9 @@ pub struct EngineArgs {
     pub device: String,
 
     /// Weights' dtype: auto (bfloat16 on the GPU, float32 on the CPU), float32, bfloat16, float16,
-    /// or mixed (bfloat16 matmuls, float32 elsewhere: for CPUs with bfloat16 instructions).
+    /// mixed (bfloat16 matmuls, float32 elsewhere: for CPUs with bfloat16 instructions), or fp8
+    /// (e4m3 matmuls with per-channel and per-token scales, bfloat16 elsewhere: Ada/Hopper GPUs;
+    /// served only while the start-up fidelity check holds, else bfloat16).
     #[arg(long, env = "DTYPE", default_value = "auto", help_heading = heading::SERVING)]
     pub dtype: String,
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from rose.errors import ModelError
+from rose.ops.fp8 import FP8, Fp8Linear
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": lambda x: F.gelu(x),
@@ -52,13 +53,15 @@ class Weights:
     def __call__(self, name: str) -> torch.Tensor:
         return self.tensors[name].to(device=self.device, dtype=self.dtype).contiguous()
 
-    def linear(self, prefixes: list[str]) -> Linear:
+    def linear(self, prefixes: list[str]) -> Linear | Fp8Linear:
         """The dense layers under `prefixes` fused into one (QKV, gate and up), with a bias when
-        every part has one."""
+        every part has one; an FP8 one when the matmuls' dtype is e4m3 (`--dtype fp8`)."""
         weight = torch.cat([self(f"{p}.weight") for p in prefixes])
         bias = None
         if all(f"{p}.bias" in self for p in prefixes):
             bias = torch.cat([self(f"{p}.bias") for p in prefixes])
+        if self.matmul_dtype == FP8:
+            return Fp8Linear(weight, bias, self.dtype)
         return Linear(weight, bias, self.dtype, self.matmul_dtype)
 
 

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rose.ops.fp8 import FP8, FP8_MAX
+
 
 @triton.jit
 def _rmsnorm(x_ptr, residual_ptr, weight_ptr, out_ptr, dim, eps, ADD: tl.constexpr, BLOCK: tl.constexpr):
@@ -294,3 +296,28 @@ def norm_rope_attention(
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _quantize_rows(x_ptr, q_ptr, scale_ptr, dim, stride, FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < dim
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
+    q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
+    tl.store(q_ptr + row * dim + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rose.ops.fp8.quantize_rows_reference in one pass: x [tokens, k] (rows may be strided) to
+    e4m3 [tokens, k] and float32 scales [tokens, 1]."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, dim = x.shape
+    q = torch.empty(rows, dim, dtype=FP8, device=x.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    if rows:
+        _quantize_rows[(rows,)](x, q, scale, dim, x.stride(0), FP8_MAX=FP8_MAX, BLOCK=triton.next_power_of_2(dim))
+    return q, scale

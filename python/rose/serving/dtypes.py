@@ -7,6 +7,7 @@ import logging
 import torch
 
 from rose.errors import ModelError
+from rose.ops.fp8 import FP8, supported
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,10 @@ DTYPES = {
 }
 MIXED = "mixed"
 """bfloat16 matmuls (float32 accumulation), float32 activations, norms and attention."""
+FP8_NAME = "fp8"
+"""e4m3 matmuls (rose.ops.fp8), bfloat16 activations, norms and attention; a dtype, not a
+separate quantization flag, because like `mixed` it names which arithmetic the matmuls and
+the activations run in, for a 16-bit checkpoint quantized at load."""
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -42,15 +47,22 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> tuple[torch
             log.warning("--dtype mixed needs a CPU with bfloat16 instructions (AVX512-BF16 or AMX); using float32")
             return torch.float32, torch.float32
         return torch.float32, torch.bfloat16
+    if dtype == FP8_NAME:
+        if not supported(device):
+            # The CPU and older GPUs emulate the products (the tests' path): slower than float32.
+            log.warning("--dtype fp8 is emulated on %s (FP8 matmuls need compute capability 8.9+)", device)
+        return (torch.bfloat16 if device.type == "cuda" else torch.float32), FP8
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
     if dtype not in DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r}; use auto, {MIXED}, {', '.join(DTYPES)}")
+        raise ModelError(f"unknown dtype {dtype!r}; use auto, {MIXED}, {FP8_NAME}, {', '.join(DTYPES)}")
     return DTYPES[dtype], DTYPES[dtype]
 
 
 def dtype_name(dtype: torch.dtype, matmul_dtype: torch.dtype) -> str:
     """How /info names the pair."""
+    if matmul_dtype == FP8:
+        return f"{FP8_NAME} (e4m3 matmuls, {_name(dtype)} activations)"
     if matmul_dtype != dtype:
         return f"{MIXED} ({_name(matmul_dtype)} matmuls, {_name(dtype)} activations)"
     return _name(dtype)

@@ -26,6 +26,7 @@ from rose.loading.weights import load_weights
 from rose.models import model_class
 from rose.models.dense import DenseModules
 from rose.models.pooling import pool
+from rose.ops.fp8 import fp8_layers
 from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.serving import fidelity, report
 from rose.serving.cuda_steps import CudaSteps
@@ -91,6 +92,7 @@ class Engine:
         self._head = self.scoring.head if self.scoring else self.dense
         marks.append(time.perf_counter())
         self.model = self._build(weights, self.dtype, self.matmul_dtype)
+        self._fp8 = [layer for layer in fp8_layers(self.model) if layer.enabled]
         decoder_weights = getattr(self.model, "decoder_weights", None)
         # The CUDA kernel pools mean, cls and last in its tail; other poolings take the layer-by-layer path.
         requested = fused_decoder if self.pooling in ("mean", "cls", "last") else "off"
@@ -149,8 +151,15 @@ class Engine:
             self.gpu.use_attention(self.attention)
 
     def fall_back(self) -> bool:
-        """A plainer path after a failed fidelity check: graphs off, then torch's attention;
-        False when none is left."""
+        """A plainer path after a failed fidelity check: 16-bit matmuls instead of FP8, graphs
+        off, then torch's attention; False when none is left."""
+        if self._fp8 and self.matmul_dtype != self.dtype:
+            for layer in self._fp8:
+                layer.enabled = False
+            self.matmul_dtype = self.dtype
+            if self.gpu is not None:
+                self.gpu.use_attention(self.attention)  # the graphs hold the FP8 products
+            return True
         if self.gpu is not None and self.gpu.graphs is not None:
             self.gpu.graphs = None
             return True

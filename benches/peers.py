@@ -1,0 +1,278 @@
+"""ivy-serve against vLLM and transformers on the same model folder, documents and client, in one
+machine start (GPU): batch tokens/s over the OpenAI route on mixed 32-512-token documents and one
+16-token query's p50/p99 at a steady rate, for each side; vLLM's offline `LLM.embed` as its best
+case; transformers bf16 with length-sorted padded batches.
+
+    python benches/peers.py --model DIR --ivy bf16= --ivy "fp8=--dtype fp8" \\
+        --vllm-env .gpu-vllm/env-vllm.sh --out $OUT/peers
+
+Both servers are up together (vLLM capped by --vllm-memory) and the batch rounds alternate
+between them. The documents are token ids, so both sides embed the same tokens; ids stay under
+30,522 because the random-weight folders carry all-MiniLM-L6-v2's tokenizer, which vLLM checks
+ids against. vLLM runs from its own folder and environment (../shared/gpu/README.md) in
+processes of its own; this script never imports it. Prints one JSON line per side, then a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import requests
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from support import free_port  # noqa: E402
+
+VOCAB = 30522
+"""Token ids stay under the carried tokenizer's vocabulary (vLLM rejects larger ones)."""
+
+
+def documents(count: int, seed: int = 0) -> list[list[int]]:
+    """Token ids of `count` documents of 32-512 tokens."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1000, VOCAB, size=int(n)).tolist() for n in rng.integers(32, 513, size=count)]
+
+
+class Side:
+    """A server process on a free port, its log, and the seconds it took to answer a query."""
+
+    def __init__(self, name: str, command: list[str], port: int, log: Path, timeout: float) -> None:
+        self.name, self.url, self.log = name, f"http://127.0.0.1:{port}", log
+        began = time.perf_counter()
+        self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{name} exited:\n{log.read_text()[-4000:]}")
+            if time.perf_counter() - began > timeout:
+                self.stop()
+                raise RuntimeError(f"{name} did not answer within {timeout} s:\n{log.read_text()[-4000:]}")
+            try:
+                if self.embed([[1000 + i for i in range(16)]]).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        self.first_answer = time.perf_counter() - began
+
+    def embed(self, inputs: list[list[int]], session: requests.Session | None = None) -> requests.Response:
+        body = {"input": inputs, "model": "m"}
+        return (session or requests).post(f"{self.url}/v1/embeddings", json=body, timeout=600)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency: int) -> float:
+    """Tokens/s of the documents sent as client batches of `client_batch`, `concurrency` in flight."""
+    batches = [docs[i : i + client_batch] for i in range(0, len(docs), client_batch)]
+    sessions = [requests.Session() for _ in range(concurrency)]
+
+    def send(i: int) -> None:
+        response = side.embed(batches[i], sessions[i % concurrency])
+        response.raise_for_status()
+        assert len(response.json()["data"]) == len(batches[i])
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(send, range(len(batches))))
+    return sum(map(len, docs)) / (time.perf_counter() - began)
+
+
+def query_latency(side: Side, count: int, rate: float) -> dict[str, float]:
+    """p50/p99 milliseconds of one 16-token query at a time, sent at `rate` a second (open loop)."""
+    session_pool = [requests.Session() for _ in range(8)]
+    times: list[float] = []
+
+    def send(i: int) -> None:
+        began = time.perf_counter()
+        side.embed([[1000 + (i * 7 + j) % 20000 for j in range(16)]], session_pool[i % 8]).raise_for_status()
+        times.append(time.perf_counter() - began)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        for i in range(count):
+            time.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            pool.submit(send, i)
+    ms = np.array(times[count // 10 :]) * 1000
+    return {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
+
+
+def ivy_side(name: str, extra: str, model: Path, out: Path) -> Side:
+    port = free_port()
+    command = ["ivy-serve", "--model", str(model), "--hostname", "127.0.0.1", "--port", str(port),
+               "--grpc-port", str(free_port()), *shlex.split(extra)]  # fmt: skip
+    return Side(f"ivy {name}", command, port, out / f"ivy-{name}.log", timeout=300)
+
+
+def vllm_folder(model: Path, out: Path) -> Path:
+    """The folder as vLLM takes a Qwen3-Embedding model: its architecture named as published
+    (Qwen3ForCausalLM) and a tokenizer_config.json; the weights linked, not copied."""
+    folder = out / "vllm-model"
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in model.iterdir():
+        target = folder / item.name
+        if not target.exists() and item.name != "config.json":
+            target.symlink_to(item.resolve())
+    config = json.loads((model / "config.json").read_text())
+    if config.get("model_type") == "qwen3":
+        config["architectures"] = ["Qwen3ForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    if not (folder / "tokenizer_config.json").exists():
+        (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    return folder
+
+
+def vllm_side(env: Path, folder: Path, memory: float, extra: str, out: Path) -> Side:
+    port = free_port()
+    serve = (f"source {shlex.quote(str(env))} && exec vllm serve {shlex.quote(str(folder))} --runner pooling "
+             f"--dtype bfloat16 --host 127.0.0.1 --port {port} --gpu-memory-utilization {memory} "
+             f"--served-model-name m {extra}")  # fmt: skip
+    return Side("vllm serve", ["bash", "-c", serve], port, out / "vllm-serve.log", timeout=900)
+
+
+VLLM_OFFLINE = """
+import json, sys, time
+from vllm import LLM
+from vllm.inputs import TokensPrompt
+docs = json.load(open(sys.argv[2]))
+llm = LLM(model=sys.argv[1], runner="pooling", dtype="bfloat16", gpu_memory_utilization=float(sys.argv[3]))
+prompts = [TokensPrompt(prompt_token_ids=d) for d in docs]
+llm.embed(prompts, use_tqdm=False)
+rates = []
+for _ in range(int(sys.argv[4])):
+    began = time.perf_counter()
+    llm.embed(prompts, use_tqdm=False)
+    rates.append(sum(map(len, docs)) / (time.perf_counter() - began))
+print("RATES", json.dumps(rates))
+"""
+
+
+def vllm_offline(env: Path, folder: Path, docs: list[list[int]], memory: float, rounds: int, out: Path) -> list[float]:
+    """vLLM's LLM.embed on the documents, in its own environment; tokens/s per round after a warm one."""
+    (out / "docs.json").write_text(json.dumps(docs))
+    (out / "vllm_offline.py").write_text(VLLM_OFFLINE)
+    run = (f"source {shlex.quote(str(env))} && exec python3 {out / 'vllm_offline.py'} {folder} {out / 'docs.json'} "
+           f"{memory} {rounds}")  # fmt: skip
+    with (out / "vllm-offline.log").open("w") as log:
+        subprocess.run(["bash", "-c", run], stdout=log, stderr=subprocess.STDOUT, timeout=900, check=False)
+    lines = [line for line in (out / "vllm-offline.log").read_text().splitlines() if line.startswith("RATES ")]
+    return json.loads(lines[-1][6:]) if lines else []
+
+
+def transformers_rate(model: Path, docs: list[list[int]], rounds: int, batch: int = 64) -> list[float]:
+    """Hugging Face transformers bf16 (sdpa), length-sorted batches padded to their longest."""
+    import torch
+    from transformers import AutoModel
+
+    net = AutoModel.from_pretrained(model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    ordered = sorted(docs, key=len)
+    batches = []
+    for i in range(0, len(ordered), batch):
+        part = ordered[i : i + batch]
+        width = len(part[-1])
+        ids = torch.zeros(len(part), width, dtype=torch.long)
+        mask = torch.zeros(len(part), width, dtype=torch.long)
+        for row, d in enumerate(part):
+            ids[row, : len(d)], mask[row, : len(d)] = torch.tensor(d), 1
+        batches.append((ids.cuda(), mask.cuda()))
+    rates = []
+    with torch.inference_mode():
+        for round_ in range(rounds + 1):
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            for ids, mask in batches:
+                net(input_ids=ids, attention_mask=mask).last_hidden_state[:, -1].float().cpu()
+            torch.cuda.synchronize()
+            if round_:
+                rates.append(sum(map(len, docs)) / (time.perf_counter() - began))
+    del net
+    torch.cuda.empty_cache()
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--ivy", action="append", default=[], help="NAME=FLAGS: an ivy-serve side (repeatable)")
+    parser.add_argument("--vllm-env", type=Path, help="env-vllm.sh; without it, no vLLM sides")
+    parser.add_argument("--vllm-memory", type=float, default=0.35, help="vLLM's --gpu-memory-utilization")
+    parser.add_argument("--vllm-arg", default="", help="extra `vllm serve` flags")
+    parser.add_argument("--no-offline", action="store_true", help="skip vLLM's LLM.embed")
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--docs", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--client-batch", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--queries", type=int, default=400)
+    parser.add_argument("--rate", type=float, default=50, help="queries a second in the latency run")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/peers"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    docs = documents(args.docs)
+    print(f"{len(docs)} documents, {sum(map(len, docs))} tokens", flush=True)
+
+    sides: list[Side] = []
+    try:
+        for spec in args.ivy or ["bf16="]:
+            name, _, flags = spec.partition("=")
+            sides.append(ivy_side(name, flags, args.model, args.out))
+        if args.vllm_env:
+            sides.append(vllm_side(args.vllm_env, vllm_folder(args.model, args.out), args.vllm_memory, args.vllm_arg,
+                                   args.out))  # fmt: skip
+        for side in sides:  # warm: every bucket's eager run and capture, vLLM's compile
+            batch_rate(side, docs, args.client_batch, args.concurrency)
+        rates: dict[str, list[float]] = {s.name: [] for s in sides}
+        for _ in range(args.rounds):  # alternating, so that drift falls on every side alike
+            for side in sides:
+                rates[side.name].append(batch_rate(side, docs, args.client_batch, args.concurrency))
+        results = []
+        for side in sides:
+            latency = query_latency(side, args.queries, args.rate)
+            info = requests.get(f"{side.url}/info", timeout=30).json() if side.name.startswith("ivy") else {}
+            fidelity = (info.get("engine") or {}).get("fidelity") or {}
+            results.append({"side": side.name, "batch_tokens_s": round(statistics.median(rates[side.name])),
+                            "batch_runs": [round(r) for r in rates[side.name]], "query_ms": latency,
+                            "first_answer_s": round(side.first_answer, 2),
+                            "worst_cosine": fidelity.get("worst_cosine"),
+                            "fallbacks": fidelity.get("fallbacks")})  # fmt: skip
+            print(json.dumps(results[-1]), flush=True)
+    finally:
+        for side in sides:
+            side.stop()
+    if args.vllm_env and not args.no_offline:
+        runs = vllm_offline(args.vllm_env, vllm_folder(args.model, args.out), docs, 0.8, args.rounds, args.out)
+        if runs:
+            results.append({"side": "vllm LLM.embed", "batch_tokens_s": round(statistics.median(runs)),
+                            "batch_runs": [round(r) for r in runs]})  # fmt: skip
+            print(json.dumps(results[-1]), flush=True)
+    if not args.no_transformers:
+        runs = transformers_rate(args.model, docs, args.rounds)
+        results.append({"side": "transformers bf16", "batch_tokens_s": round(statistics.median(runs)),
+                        "batch_runs": [round(r) for r in runs]})  # fmt: skip
+        print(json.dumps(results[-1]), flush=True)
+    (args.out / "peers.json").write_text(json.dumps(results, indent=1))
+    base = next((r["batch_tokens_s"] for r in results if r["side"] == "vllm serve"), None)
+    print("| side | batch tokens/s | vs vllm serve | 16-token query p50 / p99 ms |\n|---|---|---|---|")
+    for r in results:
+        ratio = f"{r['batch_tokens_s'] / base:.2f}x" if base else "-"
+        q = r.get("query_ms")
+        latency = f"{q['p50']} / {q['p99']}" if q else "-"
+        print(f"| {r['side']} | {r['batch_tokens_s']:,} | {ratio} | {latency} |")
+    shutil.rmtree(args.out / "vllm-model", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Where a saturated engine step's time goes (GPU): the kernels of a few steps of ~16k tokens of
+mixed 32-512-token documents, from torch.profiler, grouped into matrix products, attention,
+norms/activations/RoPE, FP8 quantization, pooling and copies, and the host's gaps between
+kernels, each beside its floor: FLOPs at the measured bf16 (or FP8) GEMM peak, bytes at the
+measured copy bandwidth.
+
+    python benches/step_breakdown.py --device cuda                     # Qwen3-0.6B shape
+    python benches/step_breakdown.py --device cuda --bert-base         # bge-base: 12 x 768
+    python benches/step_breakdown.py --device cuda --dtype fp8
+
+Steps run eagerly (graphs off) so that the profiler sees each kernel; the same steps' wall time
+under CUDA graphs is printed beside, so the launch cost graphs remove shows too. Prints a
+Markdown table and a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import rose
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from fp8_speed import packed  # noqa: E402
+from gpu_check import documents  # noqa: E402
+
+from support import save_qwen3  # noqa: E402
+
+GROUPS = (
+    ("fp8 quantization", ("quantize_rows",)),
+    ("attention", ("flash", "fmha", "attention", "prefill", "attn")),
+    ("matrix products", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "scaled_mm", "wgmma", "sm90_")),
+    ("norms, activations, RoPE", ("norm", "rope", "silu", "gelu", "act_and_mul", "tanh", "erf")),
+    ("pooling and copies", ("memcpy", "copy", "index", "gather", "pool", "cat", "fill", "scatter")),
+)
+"""Kernel-name patterns, checked in this order (FA3's kernels' names hold "sm90" too)."""
+
+
+def group(name: str) -> str:
+    lowered = name.lower()
+    return next((g for g, patterns in GROUPS if any(p in lowered for p in patterns)), "other elementwise")
+
+
+def save_bert_base(folder: Path) -> Path:
+    """A random BertModel of bge-base-en's shape (12 layers, 768 wide, CLS pooling)."""
+    from transformers import BertConfig, BertModel
+
+    from support import _finish
+
+    torch.manual_seed(1)
+    config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    folder.mkdir(parents=True, exist_ok=True)
+    _finish(folder, BertModel(config).eval(), "cls", "", {})
+    return folder
+
+
+def measured_peaks() -> dict[str, float]:
+    """bf16 and FP8 GEMM TFLOP/s at 8192^3, and a device-to-device copy's GB/s (read + write)."""
+    from rose.ops import fp8
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    qa, sa = fp8.quantize_rows(a)
+    qb, sb = fp8.quantize_weight(a)
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    out = torch.empty_like(big)
+
+    def rate(work, amount: float, rounds: int = 20) -> float:
+        work()
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        for _ in range(rounds):
+            work()
+        torch.cuda.synchronize()
+        return amount * rounds / (time.perf_counter() - began)
+
+    flops = 2 * 8192**3
+    return {
+        "bf16_tflops": rate(lambda: a @ a, flops) / 1e12,
+        "fp8_tflops": rate(lambda: fp8.scaled_mm(qa, sa, qb, sb, None, torch.bfloat16), flops) / 1e12,
+        "copy_gbs": rate(lambda: out.copy_(big), 2 * big.numel()) / 1e9,
+    }
+
+
+def floors(config: dict, steps: list[list[list[int]]], peaks: dict[str, float], fp8_matmuls: bool) -> dict[str, float]:
+    """Milliseconds a step each part needs at least: matmul and attention FLOPs at the GEMM peak;
+    the elementwise kernels' bytes (norms with their residual adds, the activation, RoPE; 2-byte
+    values read and written once each) at the copy bandwidth."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    kv = config.get("num_key_value_heads", heads)
+    inter = config["intermediate_size"]
+    gated = config.get("model_type") in ("qwen3", "qwen2", "llama", "mistral")
+    params = hidden * (heads + 2 * kv) * head_dim + heads * head_dim * hidden + hidden * inter * (3 if gated else 2)
+    tokens = sum(len(s) for step in steps for s in step) / len(steps)
+    squares = sum(len(s) ** 2 for step in steps for s in step) / len(steps)
+    causal = 0.5 if gated else 1.0
+    peak = (peaks["fp8_tflops"] if fp8_matmuls else peaks["bf16_tflops"]) * 1e12
+    elementwise = tokens * layers * (2 * hidden * 8 + (6 if gated else 4) * inter + (heads + kv) * head_dim * 4)
+    return {
+        "matrix products": 2 * tokens * params * layers / peak * 1e3,
+        "attention": 4 * squares * heads * head_dim * layers * causal / (peaks["bf16_tflops"] * 1e12) * 1e3,
+        "norms, activations, RoPE": elementwise / (peaks["copy_gbs"] * 1e9) * 1e3,
+        "tokens_per_step": tokens,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bert-base", action="store_true", help="the bge-base shape instead of Qwen3-0.6B")
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--docs", type=int, default=512)
+    args = parser.parse_args()
+    folder = args.model
+    if folder is None and args.bert_base:
+        folder = save_bert_base(Path(tempfile.mkdtemp()) / "bert-base")
+    elif folder is None:
+        folder = Path(tempfile.gettempdir()) / "gpu-check-qwen3-0.6b"
+        if not (folder / "config.json").exists():
+            save_qwen3(folder, "0.6b", bidirectional=False)
+    config = json.loads((folder / "config.json").read_text())
+    docs = documents(args.docs, min(30522, config["vocab_size"]))
+    steps = packed(docs, 16384)[:-1]  # full steps only
+    peaks = measured_peaks()
+    timed = {}
+    for graphs in ("lazy", "off"):
+        engine = rose.Engine(folder, device=args.device, dtype=args.dtype, cuda_graphs=graphs, verify=False)
+        for _ in range(2):
+            engine.embed_batches(steps)
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        engine.embed_batches(steps)
+        timed[graphs] = (time.perf_counter() - began) / len(steps) * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager engine: graphs off
+        engine.embed_batches(steps)
+        torch.cuda.synchronize()
+    kernel_ms: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.self_device_time_total > 0:  # kernels and copies; the host's API calls have none
+            total = event.self_device_time_total / 1e3 / len(steps)
+            kernel_ms[group(event.key)] = kernel_ms.get(group(event.key), 0.0) + total
+    floor = floors(config, steps, peaks, args.dtype == "fp8")
+    busy = sum(kernel_ms.values())
+    rows = dict(sorted(kernel_ms.items(), key=lambda kv: -kv[1]))
+    rows["host gaps (eager)"] = max(0.0, timed["off"] - busy)
+    rows["host gaps (graphs)"] = max(0.0, timed["lazy"] - busy)
+    print(f"{floor['tokens_per_step']:.0f} tokens a step; step {timed['lazy']:.2f} ms under graphs, "
+          f"{timed['off']:.2f} ms eager; peaks {json.dumps({k: round(v, 1) for k, v in peaks.items()})}")  # fmt: skip
+    print("| part | ms a step | share | floor ms |\n|---|---|---|---|")
+    for name, ms in rows.items():
+        bound = floor.get(name)
+        print(f"| {name} | {ms:.2f} | {ms / timed['lazy']:.0%} | {'-' if bound is None else f'{bound:.2f}'} |")
+    print(json.dumps({"model": config.get("model_type"), "dtype": args.dtype, "step_ms": timed, "parts_ms": rows,
+                      "floors_ms": floor, "peaks": peaks}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
