@@ -113,7 +113,7 @@ def main() -> None:
     docs = documents(args.docs, vocab)
     held_out = documents(args.held_out, vocab, seed=99)
 
-    reference = rose.Engine(folder, device=args.device, dtype="float32", verify=False)
+    reference = rose.Engine(folder, device=args.device, dtype="float32", attention_backend="sdpa", verify=False)
     expected_states = reference.embed_batches(packed(held_out, 16384), states=True)
     expected_rows = reference.embed_batches(packed(held_out, 16384))
     del reference

@@ -137,7 +137,7 @@ def vllm_folder(model: Path, out: Path) -> Path:
 
 def vllm_side(env: Path, folder: Path, memory: float, extra: str, out: Path) -> Side:
     port = free_port()
-    serve = (f"source {shlex.quote(str(env))} && exec vllm serve {shlex.quote(str(folder))} --runner pooling "
+    serve = (f"unset PYTHONPATH; export VLLM_USE_FLASHINFER_SAMPLER=0; source {shlex.quote(str(env))} && exec vllm serve {shlex.quote(str(folder))} --runner pooling "
              f"--dtype bfloat16 --host 127.0.0.1 --port {port} --gpu-memory-utilization {memory} "
              f"--served-model-name m {extra}")  # fmt: skip
     return Side("vllm serve", ["bash", "-c", serve], port, out / "vllm-serve.log", timeout=900)
@@ -148,7 +148,8 @@ import json, sys, time
 from vllm import LLM
 from vllm.inputs import TokensPrompt
 docs = json.load(open(sys.argv[2]))
-llm = LLM(model=sys.argv[1], runner="pooling", dtype="bfloat16", gpu_memory_utilization=float(sys.argv[3]))
+llm = LLM(model=sys.argv[1], runner="pooling", dtype="bfloat16", gpu_memory_utilization=float(sys.argv[3]),
+          enable_prefix_caching=False)
 prompts = [TokensPrompt(prompt_token_ids=d) for d in docs]
 llm.embed(prompts, use_tqdm=False)
 rates = []
@@ -164,7 +165,7 @@ def vllm_offline(env: Path, folder: Path, docs: list[list[int]], memory: float, 
     """vLLM's LLM.embed on the documents, in its own environment; tokens/s per round after a warm one."""
     (out / "docs.json").write_text(json.dumps(docs))
     (out / "vllm_offline.py").write_text(VLLM_OFFLINE)
-    run = (f"source {shlex.quote(str(env))} && exec python3 {out / 'vllm_offline.py'} {folder} {out / 'docs.json'} "
+    run = (f"unset PYTHONPATH; export VLLM_USE_FLASHINFER_SAMPLER=0; source {shlex.quote(str(env))} && exec python3 {out / 'vllm_offline.py'} {folder} {out / 'docs.json'} "
            f"{memory} {rounds}")  # fmt: skip
     with (out / "vllm-offline.log").open("w") as log:
         subprocess.run(["bash", "-c", run], stdout=log, stderr=subprocess.STDOUT, timeout=900, check=False)
