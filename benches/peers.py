@@ -135,9 +135,15 @@ def vllm_folder(model: Path, out: Path) -> Path:
     return folder
 
 
+def isolated(env: Path) -> str:
+    """The shell prefix that gives vLLM its own environment: none of this process's Python path
+    (the project's FlashInfer would be found and half-imported by vLLM's sampler), then env-vllm.sh."""
+    return f"unset PYTHONPATH; export VLLM_USE_FLASHINFER_SAMPLER=0; source {shlex.quote(str(env))}"
+
+
 def vllm_side(env: Path, folder: Path, memory: float, extra: str, out: Path) -> Side:
     port = free_port()
-    serve = (f"unset PYTHONPATH; export VLLM_USE_FLASHINFER_SAMPLER=0; source {shlex.quote(str(env))} && exec vllm serve {shlex.quote(str(folder))} --runner pooling "
+    serve = (f"{isolated(env)} && exec vllm serve {shlex.quote(str(folder))} --runner pooling "
              f"--dtype bfloat16 --host 127.0.0.1 --port {port} --gpu-memory-utilization {memory} "
              f"--served-model-name m {extra}")  # fmt: skip
     return Side("vllm serve", ["bash", "-c", serve], port, out / "vllm-serve.log", timeout=900)
@@ -165,7 +171,7 @@ def vllm_offline(env: Path, folder: Path, docs: list[list[int]], memory: float, 
     """vLLM's LLM.embed on the documents, in its own environment; tokens/s per round after a warm one."""
     (out / "docs.json").write_text(json.dumps(docs))
     (out / "vllm_offline.py").write_text(VLLM_OFFLINE)
-    run = (f"unset PYTHONPATH; export VLLM_USE_FLASHINFER_SAMPLER=0; source {shlex.quote(str(env))} && exec python3 {out / 'vllm_offline.py'} {folder} {out / 'docs.json'} "
+    run = (f"{isolated(env)} && exec python3 {out / 'vllm_offline.py'} {folder} {out / 'docs.json'} "
            f"{memory} {rounds}")  # fmt: skip
     with (out / "vllm-offline.log").open("w") as log:
         subprocess.run(["bash", "-c", run], stdout=log, stderr=subprocess.STDOUT, timeout=900, check=False)
