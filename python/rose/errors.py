@@ -30,6 +30,12 @@ class EngineFault(RoseError, RuntimeError):
     kind = "fault"
 
 
+class EngineFatal(RoseError, RuntimeError):
+    """A step failed and left the device unusable (a sticky CUDA error): the process must restart."""
+
+    kind = "fatal"
+
+
 class Overloaded(RoseError, RuntimeError):
     """The device has no room for the batch now (out of memory); a smaller or later one may fit."""
 

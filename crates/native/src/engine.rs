@@ -73,6 +73,12 @@ pub struct EngineArgs {
     /// A causal reranker's instruction when a request names none (Qwen3-Reranker's own by default).
     #[arg(long, env = "DEFAULT_INSTRUCTION", help_heading = heading::MODEL)]
     pub default_instruction: Option<String>,
+
+    /// For tests only: faults the engine raises on purpose, comma-separated: error@N (the Nth
+    /// step fails), fatal@N (it fails and the engine stops, as after a CUDA error), oom>T (every
+    /// step of more than T tokens runs out of memory, so it is split and retried).
+    #[arg(long, env = "INJECT_FAULTS", help_heading = heading::TESTING)]
+    pub inject_faults: Option<String>,
 }
 
 impl EngineArgs {
@@ -112,6 +118,7 @@ impl Rose {
                 kwargs.set_item("fused_decoder", &args.fused_decoder)?;
                 kwargs.set_item("task", &args.task)?;
                 kwargs.set_item("default_instruction", &args.default_instruction)?;
+                kwargs.set_item("inject_faults", &args.inject_faults)?;
                 // A server answers its first queries sooner with the attention libraries that
                 // are slow to import loaded in the background (rose.attention.AutoBackend).
                 kwargs.set_item("defer_attention", true)?;
@@ -188,6 +195,7 @@ fn engine_error(py: Python<'_>, err: PyErr) -> EngineError {
         Some("invalid_input") => EngineError::InvalidInput(message),
         Some("model") => EngineError::Model(message),
         Some("overloaded") => EngineError::Overloaded(message),
+        Some("fatal") => EngineError::Fatal(message),
         _ => EngineError::Fault(message),
     }
 }

@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser};
 use ivy::{EarlyTokenizer, IvyArgs, Tulips};
@@ -182,6 +183,7 @@ fn run(
         // Ivy's tokenizer is parsed while the engine loads.
         let early = tokenizer.map(EarlyTokenizer::start);
         let scheduler = start_engine(engine, tulip).await?;
+        tokio::spawn(exit_when_broken(scheduler.clone()));
         let grpc_addr = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!("Tulip listens for gRPC on {grpc_addr}");
         // Other gateways and tulip.Client reach Tulip over gRPC; this process's Ivy calls it
@@ -209,6 +211,28 @@ fn run(
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("Tulip's gRPC server failed: {e}"))
     })
+}
+
+/// How long a process whose engine failed fatally keeps answering (the failed requests' errors,
+/// /health's 503) before it exits.
+const FATAL_GRACE: Duration = Duration::from_secs(2);
+
+/// The exit status after a fatal engine fault (EX_SOFTWARE).
+const EXIT_ENGINE_FATAL: i32 = 70;
+
+/// A fatal engine fault (a sticky CUDA error) cannot be undone in this process: its health checks
+/// fail at once, and after FATAL_GRACE it exits, so that its supervisor (Ivy for a worker,
+/// Kubernetes or systemd for a server) starts a fresh one.
+async fn exit_when_broken(scheduler: Scheduler) {
+    while !scheduler.is_broken() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::error!(
+        "the engine stopped after a fatal fault; exiting in {FATAL_GRACE:?} with status \
+         {EXIT_ENGINE_FATAL} so that a supervisor restarts the server"
+    );
+    tokio::time::sleep(FATAL_GRACE).await;
+    std::process::exit(EXIT_ENGINE_FATAL);
 }
 
 /// `ivy-serve` over worker processes (several models, `--replicas`, `--devices`): Ivy in this

@@ -20,6 +20,8 @@ pub mod heading {
     pub const OBSERVABILITY: &str = "Observability";
     /// API keys and per-key limits.
     pub const SECURITY: &str = "Security";
+    /// For the project's own tests, never for serving.
+    pub const TESTING: &str = "Testing";
 }
 
 /// Flags of the Tulip inference server.

@@ -18,6 +18,9 @@ pub enum EngineError {
     /// The step failed for a reason that is not the client's.
     #[error("engine fault: {0}")]
     Fault(String),
+    /// The step failed and left the device unusable: the engine stops and the process restarts.
+    #[error("fatal engine fault, the engine stops: {0}")]
+    Fatal(String),
 }
 
 /// Everything that can go wrong between a request's arrival and its vectors.
@@ -46,7 +49,9 @@ impl From<TulipError> for Status {
             }
             TulipError::Engine(EngineError::Model(_)) => Status::failed_precondition(message),
             TulipError::Engine(EngineError::Overloaded(_)) => Status::resource_exhausted(message),
-            TulipError::Engine(EngineError::Fault(_)) => Status::internal(message),
+            TulipError::Engine(EngineError::Fault(_) | EngineError::Fatal(_)) => {
+                Status::internal(message)
+            }
             TulipError::Stopped => Status::unavailable(message),
             TulipError::Remote(status) => status,
         }
@@ -62,7 +67,7 @@ impl TulipError {
             TulipError::Engine(EngineError::InvalidInput(_)) => Code::InvalidArgument,
             TulipError::Engine(EngineError::Model(_)) => Code::FailedPrecondition,
             TulipError::Engine(EngineError::Overloaded(_)) => Code::ResourceExhausted,
-            TulipError::Engine(EngineError::Fault(_)) => Code::Internal,
+            TulipError::Engine(EngineError::Fault(_) | EngineError::Fatal(_)) => Code::Internal,
             TulipError::Stopped => Code::Unavailable,
         }
     }
@@ -89,6 +94,7 @@ mod tests {
                 Code::ResourceExhausted,
             ),
             (EngineError::Fault("x".into()).into(), Code::Internal),
+            (EngineError::Fatal("x".into()).into(), Code::Internal),
             (TulipError::Stopped, Code::Unavailable),
         ];
         for (err, code) in cases {

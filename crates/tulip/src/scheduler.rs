@@ -7,6 +7,7 @@
 //! the waiter has finished N. Async callers only await a oneshot channel.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -26,6 +27,8 @@ pub const SMALL_REQUEST_TOKENS: usize = 1024;
 #[derive(Clone)]
 pub struct Scheduler {
     submit: mpsc::UnboundedSender<Arc<Job>>,
+    /// Set once a step fails fatally (EngineError::Fatal): the engine serves nothing more.
+    broken: Arc<AtomicBool>,
     served: Arc<Served>,
     budget: Budget,
     probe: Probe,
@@ -52,6 +55,8 @@ impl Scheduler {
     {
         let (submit, incoming) = mpsc::unbounded_channel();
         let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
+        let broken = Arc::new(AtomicBool::new(false));
+        let (engine_broken, waiter_broken) = (broken.clone(), broken.clone());
         thread::Builder::new()
             .name("tulip-engine".into())
             .spawn(move || {
@@ -63,10 +68,12 @@ impl Scheduler {
                         thread::Builder::new()
                             .name("tulip-waiter".into())
                             .spawn(move || {
-                                E::run_thread(move || waiter_loop::<E::Pending>(in_flight))
+                                E::run_thread(move || {
+                                    waiter_loop::<E::Pending>(in_flight, &waiter_broken)
+                                })
                             })
                             .expect("spawn the waiter thread");
-                        engine_loop(engine, incoming, budget, to_waiter);
+                        engine_loop(engine, incoming, budget, to_waiter, &engine_broken);
                     }
                     Err(err) => {
                         let _ = loaded_tx.send(Err(err));
@@ -78,6 +85,7 @@ impl Scheduler {
         let budget = Budget::of(&served.model);
         Ok(Scheduler {
             submit,
+            broken,
             served: Arc::new(served),
             budget,
             probe,
@@ -100,9 +108,14 @@ impl Scheduler {
         (self.probe)()
     }
 
-    /// True while the engine thread runs.
+    /// True while the engine thread runs and no step has failed fatally.
     pub fn is_ready(&self) -> bool {
-        !self.submit.is_closed()
+        !self.submit.is_closed() && !self.is_broken()
+    }
+
+    /// True once a step failed fatally: the process must restart to serve again.
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
     }
 
     /// Queues the sequences and waits for the engine's rows of them (pooled vectors, or a score
@@ -248,6 +261,7 @@ fn engine_loop<E: Engine>(
     mut incoming: mpsc::UnboundedReceiver<Arc<Job>>,
     budget: Budget,
     to_waiter: SyncSender<InFlight<E::Pending>>,
+    broken: &AtomicBool,
 ) {
     let (mut small, mut bulk) = (VecDeque::new(), VecDeque::new());
     loop {
@@ -259,6 +273,19 @@ fn engine_loop<E: Engine>(
         }
         while let Ok(job) = incoming.try_recv() {
             enqueue(&mut small, &mut bulk, job);
+        }
+        if broken.load(Ordering::Acquire) {
+            // Everything queued, and everything sent from now on, fails at once rather than waits.
+            let err = EngineError::Fatal("an earlier step left the device unusable".into());
+            incoming.close();
+            while let Ok(job) = incoming.try_recv() {
+                enqueue(&mut small, &mut bulk, job);
+            }
+            small
+                .drain(..)
+                .chain(bulk.drain(..))
+                .for_each(|seq| seq.job.fail(&err));
+            return;
         }
         let members = take_batch_small_first(&mut small, &mut bulk, budget);
         metrics::gauge!("tulip_queue_sequences").set((small.len() + bulk.len()) as f64);
@@ -288,6 +315,9 @@ fn engine_loop<E: Engine>(
                     batch.token_ids.len(),
                     batch.len()
                 );
+                if matches!(err, EngineError::Fatal(_)) {
+                    broken.store(true, Ordering::Release);
+                }
                 members.iter().for_each(|seq| seq.job.fail(&err));
             }
         }
@@ -306,7 +336,7 @@ fn enqueue(small: &mut VecDeque<Sequence>, bulk: &mut VecDeque<Sequence>, job: A
     }));
 }
 
-fn waiter_loop<P: Pending>(in_flight: Receiver<InFlight<P>>) {
+fn waiter_loop<P: Pending>(in_flight: Receiver<InFlight<P>>, broken: &AtomicBool) {
     for InFlight { pending, members } in in_flight {
         match pending.wait() {
             Ok(pooled) => {
@@ -315,7 +345,11 @@ fn waiter_loop<P: Pending>(in_flight: Receiver<InFlight<P>>) {
                 }
             }
             Err(err) => {
+                metrics::counter!("tulip_engine_faults_total").increment(1);
                 tracing::error!("engine result of {} sequences failed: {err}", members.len());
+                if matches!(err, EngineError::Fatal(_)) {
+                    broken.store(true, Ordering::Release);
+                }
                 members.iter().for_each(|seq| seq.job.fail(&err));
             }
         }
@@ -342,6 +376,9 @@ mod tests {
         fn step(&mut self, batch: &Batch) -> Result<Ready, EngineError> {
             if batch.token_ids.contains(&666) {
                 return Err(EngineError::Fault("bad token".into()));
+            }
+            if batch.token_ids.contains(&999) {
+                return Err(EngineError::Fatal("the device is gone".into()));
             }
             let data = batch
                 .cu_seqlens
@@ -416,6 +453,23 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, TulipError::Engine(EngineError::Fault(_))));
         assert!(scheduler.run(seqs(vec![1], vec![0, 1])).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_fatal_error_stops_the_engine_and_fails_what_comes_after() {
+        let scheduler = start(4);
+        assert!(scheduler.is_ready());
+        let err = scheduler
+            .run(seqs(vec![999], vec![0, 1]))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, TulipError::Engine(EngineError::Fatal(_))));
+        assert!(scheduler.is_broken() && !scheduler.is_ready());
+        let next = scheduler.run(seqs(vec![1], vec![0, 1])).await.unwrap_err();
+        assert!(matches!(
+            next,
+            TulipError::Engine(EngineError::Fatal(_)) | TulipError::Stopped
+        ));
     }
 
     /// An engine that holds its first step until released, and records what it was given.

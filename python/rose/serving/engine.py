@@ -19,7 +19,7 @@ import torch
 from rose.attention import AttentionBackend, AutoBackend, create_backend
 from rose.batch import RaggedBatch, as_int32
 from rose.decoder.base import build as build_decoder
-from rose.errors import ModelError
+from rose.errors import EngineFatal, ModelError, Overloaded
 from rose.loading import prestart
 from rose.loading.model_dir import POOLING_MODES, ModelDir
 from rose.loading.weights import load_weights
@@ -31,6 +31,7 @@ from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.serving import fidelity, report
 from rose.serving.cuda_steps import CudaSteps
 from rose.serving.dtypes import dtype_name, resolve_device, resolve_dtype
+from rose.serving.faults import FaultInjection, is_fatal
 from rose.serving.fidelity import THRESHOLD
 from rose.serving.lazy import LazyTensor
 from rose.serving.startup import Startup, in_background
@@ -65,6 +66,7 @@ class Engine:
         fused_decoder: str = "auto",
         task: str = "auto",
         default_instruction: str | None = None,
+        inject_faults: str | None = None,
     ) -> None:
         marks = [time.perf_counter()]
         self.model_dir = ModelDir.open(model)
@@ -77,6 +79,9 @@ class Engine:
         self.max_batch_tokens = max_batch_tokens or (16384 if on_gpu else 4096)
         self.max_batch_requests = max_batch_requests or 512
         self.fused_decoder_requested = fused_decoder
+        self.faults = FaultInjection.parse(inject_faults)
+        self.steps_served = 0
+        self.oom_splits = 0
         # Triton hashes its installation before its first kernel: on a thread while the weights
         # load (unless rose.loading.prestart did it while torch imported).
         triton_key = in_background(prestart.warm_triton) if on_gpu else None
@@ -210,7 +215,38 @@ class Engine:
         normalization, quantization, sigmoid) is left to the caller, since requests packed
         together want different shapes. On the GPU, call it with the stream that was current when
         the engine was made."""
-        return self._step(input_ids, cu_seqlens, token_type_ids, self._head)
+        self.steps_served += 1
+        if self.faults is not None:
+            self.faults.before_step(self.steps_served)
+        return self._guarded(input_ids, cu_seqlens, token_type_ids, self._head)
+
+    def _guarded(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any) -> LazyTensor:
+        """_step, where an out-of-memory splits the batch in two and retries each half (down to
+        one sequence, then Overloaded), and an error that leaves the device unusable becomes
+        EngineFatal."""
+        ids, cu = as_int32(input_ids), as_int32(cu_seqlens)
+        types = None if token_type_ids is None else as_int32(token_type_ids)
+        try:
+            if self.faults is not None:
+                self.faults.before_batch(len(ids))
+            return self._step(ids, cu, types, head)
+        except torch.OutOfMemoryError as why:
+            sequences = len(cu) - 1
+            if sequences < 2:
+                raise Overloaded(f"a sequence of {len(ids)} tokens does not fit on the device now") from why
+            self.oom_splits += 1
+            log.warning("out of memory on a step of %d tokens in %d sequences; retrying it in two halves",
+                        len(ids), sequences)  # fmt: skip
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            mid, cut = sequences // 2, int(cu[sequences // 2])
+            parts = [(ids[:cut], cu[: mid + 1], None if types is None else types[:cut]),
+                     (ids[cut:], cu[mid:] - cut, None if types is None else types[cut:])]  # fmt: skip
+            return LazyTensor.joined([self._guarded(*part, head) for part in parts])
+        except Exception as why:
+            if is_fatal(why) and not isinstance(why, EngineFatal):
+                raise EngineFatal(f"the device failed: {why}") from why
+            raise
 
     @torch.inference_mode()
     def _step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any) -> LazyTensor:
@@ -243,7 +279,7 @@ class Engine:
             lengths = np.array([len(s) for s in sequences], dtype=np.int32)
             cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             ids = np.concatenate([np.asarray(s, dtype=np.int32) for s in sequences])
-            lazy = self._step(ids, cu, None, head)
+            lazy = self._guarded(ids, cu, None, head)
             if pending is not None:
                 out.append(pending.wait().copy())
             pending = lazy

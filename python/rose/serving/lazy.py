@@ -66,6 +66,11 @@ class LazyTensor:
             torch.cuda.set_stream(stream)
         return cls(host, done)
 
+    @classmethod
+    def joined(cls, parts: list[LazyTensor]) -> LazyTensor:
+        """One complete result of several, their rows in order (waits for each)."""
+        return cls(torch.from_numpy(np.concatenate([part.wait() for part in parts])))
+
     @property
     def done(self) -> torch.cuda.Event | None:
         """The event that marks the end of the copy (None on the CPU)."""

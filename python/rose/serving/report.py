@@ -29,6 +29,9 @@ def stats(engine: Engine) -> dict[str, Any]:
             "requested": engine.fused_decoder_requested,
             **(engine.decoder.describe() if engine.decoder else {"kernel": None}),
         },
+        "steps": engine.steps_served,
+        "oom_splits": engine.oom_splits,
+        "injected_faults": engine.faults.describe() if engine.faults else None,
     }
     if engine.gpu is not None:
         out["gpu_idle_fraction"] = engine.gpu.timeline.take_idle_fraction()
