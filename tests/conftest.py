@@ -39,3 +39,12 @@ def reference(texts: list[str], minilm_path: Path) -> np.ndarray:
 
     model = SentenceTransformer(str(minilm_path), device="cpu")
     return model.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=400,
+        help="generated HTTP bodies, and as many gRPC messages, in tests/e2e/test_fuzz.py (the long run: 10000)",
+    )

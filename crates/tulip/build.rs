@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let descriptors = protox::compile(["tulip.proto"], [&proto_dir])?;
     tonic_prost_build::configure()
+        // A message that does not decode is the sender's mistake (src/codec.rs).
+        .codec_path("crate::codec::StrictCodec")
         // The engine reports its ModelInfo as a JSON object of the proto's field names (ROSE's
         // Engine.describe()); /info and Python's tulip.Client read it back the same way.
         .type_attribute(

@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod codec;
 pub mod config;
 pub mod deadline;
 pub mod engine;
