@@ -39,3 +39,17 @@ def test_large_requests_past_the_token_budget_get_429_and_queries_do_not(tmp_pat
         assert requests.post(f"{server.url}/embed", json=large, timeout=120).status_code == 200
     finally:
         server.stop()
+
+
+def test_a_request_over_the_token_limit_is_refused_413_at_once(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--max-request-tokens", "50")
+    try:
+        assert requests.get(f"{server.url}/info", timeout=10).json()["max_request_tokens"] == 50
+        long = {"input": [" ".join(["word"] * 20)] * 3}  # 66 tokens with the special ones
+        answer = requests.post(f"{server.url}/v1/embeddings", json=long, timeout=60)
+        assert answer.status_code == 413, answer.text
+        assert "--max-request-tokens" in answer.json()["error"] and "66 tokens" in answer.json()["error"]
+        short = {"input": [" ".join(["word"] * 20)] * 2}
+        assert requests.post(f"{server.url}/v1/embeddings", json=short, timeout=60).status_code == 200
+    finally:
+        server.stop()

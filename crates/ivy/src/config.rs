@@ -33,6 +33,11 @@ pub struct IvyArgs {
     #[arg(long, env = "MAX_QUEUED_TOKENS", default_value_t = 1 << 20, help_heading = heading::LIMITS)]
     pub max_queued_tokens: usize,
 
+    /// Most tokens one request may have, all its inputs together (after truncation); past it,
+    /// 413 at once.
+    #[arg(long, env = "MAX_REQUEST_TOKENS", default_value_t = 1 << 20, help_heading = heading::LIMITS)]
+    pub max_request_tokens: usize,
+
     /// Largest request body in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000, help_heading = heading::LIMITS)]
     pub payload_limit: usize,

@@ -261,10 +261,17 @@ impl Gateway {
             .map_err(|_| IvyError::Overloaded)
     }
 
-    /// Admits a tokenized request's `tokens` into the queue, or answers 429 at once. Small
-    /// requests (queries) have a budget of their own, the request count alone, so that a flood
-    /// of large batches cannot shut them out; a request larger than the whole budget runs alone.
+    /// Admits a tokenized request's `tokens` into the queue: 413 past --max-request-tokens, 429 at
+    /// once when the queue is full. Small requests (queries) have a budget of their own, the
+    /// request count alone, so that a flood of large batches cannot shut them out; a request
+    /// larger than the whole budget runs alone.
     pub fn admit_tokens(&self, tokens: usize) -> Result<Option<OwnedSemaphorePermit>, IvyError> {
+        let most = self.args().max_request_tokens;
+        if tokens > most {
+            return Err(IvyError::TooLarge(format!(
+                "the request has {tokens} tokens, more than the server's --max-request-tokens ({most})"
+            )));
+        }
         if tokens <= SMALL_REQUEST_TOKENS {
             return Ok(None);
         }

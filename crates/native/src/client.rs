@@ -93,6 +93,8 @@ impl GatewayClient {
         let args = IvyArgs {
             tokenization_workers,
             keys: ApiKeys::new(api_key.into_iter().collect()),
+            // A program's own call, not a client's request: a list of any size is embedded.
+            max_request_tokens: usize::MAX,
             ..IvyArgs::default()
         };
         let runtime = runtime(1)?;
@@ -132,6 +134,8 @@ impl GatewayClient {
         }
         let args = IvyArgs {
             tokenization_workers,
+            // A program's own call, not a client's request: a list of any size is embedded.
+            max_request_tokens: usize::MAX,
             ..IvyArgs::default()
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -80,6 +80,7 @@ async fn describe(gateway: &Gateway) -> Value {
     body["max_client_batch_size"] = json!(args.max_client_batch_size);
     body["max_concurrent_requests"] = json!(args.max_concurrent_requests);
     body["max_queued_tokens"] = json!(args.max_queued_tokens);
+    body["max_request_tokens"] = json!(args.max_request_tokens);
     body["auto_truncate"] = json!(args.auto_truncate);
     body["tokenization_workers"] = json!(gateway.tokenizer().workers());
     body["engine"] = engine;
