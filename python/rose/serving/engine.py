@@ -28,6 +28,7 @@ from rose.models.dense import DenseModules
 from rose.models.pooling import pool
 from rose.ops.fp8 import fp8_layers
 from rose.runtime.buckets import parse_warmup, warmup_lengths
+from rose.runtime.heap import start_trimming
 from rose.serving import fidelity, report
 from rose.serving.cuda_steps import CudaSteps
 from rose.serving.dtypes import dtype_name, resolve_device, resolve_dtype
@@ -69,6 +70,7 @@ class Engine:
         inject_faults: str | None = None,
     ) -> None:
         marks = [time.perf_counter()]
+        start_trimming()
         self.model_dir = ModelDir.open(model)
         self.device = resolve_device(device)
         self.dtype, self.matmul_dtype = resolve_dtype(dtype, self.device)
