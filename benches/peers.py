@@ -30,16 +30,12 @@ import numpy as np
 import requests
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from gpu_check import documents  # noqa: E402
+
 from support import free_port  # noqa: E402
 
 VOCAB = 30522
 """Token ids stay under the carried tokenizer's vocabulary (vLLM rejects larger ones)."""
-
-
-def documents(count: int, seed: int = 0) -> list[list[int]]:
-    """Token ids of `count` documents of 32-512 tokens."""
-    rng = np.random.default_rng(seed)
-    return [rng.integers(1000, VOCAB, size=int(n)).tolist() for n in rng.integers(32, 513, size=count)]
 
 
 class Side:
@@ -228,7 +224,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/peers"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    docs = documents(args.docs)
+    docs = documents(args.docs, VOCAB)
     print(f"{len(docs)} documents, {sum(map(len, docs))} tokens", flush=True)
 
     sides: list[Side] = []

@@ -58,8 +58,8 @@ def sample(server: Server, device: str) -> dict:
 class Load:
     """Client threads of each kind, until stopped; counts statuses per kind."""
 
-    def __init__(self, url: str, scores: bool, docs: list[str], words: list[str]) -> None:
-        self.url, self.scores, self.docs, self.words = url, scores, docs, words
+    def __init__(self, url: str, docs: list[str], words: list[str]) -> None:
+        self.url, self.docs, self.words = url, docs, words
         self.stop = threading.Event()
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
@@ -126,10 +126,9 @@ def main() -> None:
         words_to_tokens = lambda text: len(text.split()) * 4 // 3  # noqa: E731 - near enough for sizes
         docs = documents(2000, 32, 256, words_to_tokens)
         words = [w for q in queries(500, 5, 30, words_to_tokens) for w in q.split()]
-        scores = args.rerank
-        load = Load(server.url, scores, docs, words)
+        load = Load(server.url, docs, words)
         kinds = ["query"] * args.query_clients + ["batch"] * args.batch_clients + ["tokenize", "bad"]
-        kinds += ["rerank"] if scores else []
+        kinds += ["rerank"] if args.rerank else []
         threads = [threading.Thread(target=load.run, args=(k, i), daemon=True) for i, k in enumerate(kinds)]
         for t in threads:
             t.start()

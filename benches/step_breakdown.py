@@ -20,6 +20,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 import rose
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from fp8_speed import packed  # noqa: E402
+from fp8_speed import packed, seconds  # noqa: E402
 from gpu_check import documents  # noqa: E402
 
 from support import save_qwen3  # noqa: E402
@@ -71,14 +72,8 @@ def measured_peaks() -> dict[str, float]:
     big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     out = torch.empty_like(big)
 
-    def rate(work, amount: float, rounds: int = 20) -> float:
-        work()
-        torch.cuda.synchronize()
-        began = time.perf_counter()
-        for _ in range(rounds):
-            work()
-        torch.cuda.synchronize()
-        return amount * rounds / (time.perf_counter() - began)
+    def rate(work: Callable[[], object], amount: float) -> float:
+        return amount / seconds(work, rounds=20)
 
     flops = 2 * 8192**3
     return {

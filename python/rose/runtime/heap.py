@@ -12,6 +12,7 @@ import functools
 import logging
 import platform
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,10 @@ def start_trimming() -> bool:
     except (OSError, AttributeError) as why:
         log.info("cannot trim the C heap: %s", why)
         return False
-    stop = threading.Event()
 
     def run() -> None:
-        while not stop.wait(TRIM_INTERVAL_S):
+        while True:
+            time.sleep(TRIM_INTERVAL_S)
             trim(0)
 
     threading.Thread(target=run, name="rose-heap-trim", daemon=True).start()
