@@ -86,6 +86,6 @@ q, scale = triton_kernels.quantize_rows(x)
 rq, rscale = fp8.quantize_rows_reference(x)
 torch.testing.assert_close(scale, rscale)
 # The interpreter's float32 -> e4m3 cast is wrong at some values (128 -> 64, 160 -> 176), so the
-# e4m3 values are compared on the GPU only (tests/gpu/test_fp8.py); here the scales and layout.
+# e4m3 values are compared on the GPU only (tests/gpu/test_fp8_matmul.py); here the scales and layout.
 assert q.dtype == fp8.FP8 and q.shape == x.shape and q.is_contiguous()
 print("triton kernels match")
