@@ -119,6 +119,10 @@ pub struct IvyArgs {
     /// The keys of --api-key (read with Tulip's flags, tulip::AuthArgs).
     #[arg(skip)]
     pub keys: ApiKeys,
+
+    /// Where traces go (the process's --otlp-endpoint), for /info.
+    #[arg(skip)]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// A duration given in (fractional) seconds.

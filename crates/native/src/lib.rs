@@ -6,6 +6,7 @@
 mod client;
 mod engine;
 mod serve;
+mod telemetry;
 mod workers;
 
 use pyo3::prelude::*;

@@ -12,6 +12,7 @@ use tulip::config::heading;
 use tulip::{ApiKeys, Scheduler, TulipArgs, TulipClient};
 
 use crate::engine::{EngineArgs, Rose};
+use crate::telemetry::{Logs, Telemetry};
 use crate::workers::{self, WorkerArgs};
 
 /// Ivy, Tulip and ROSE in one process: an OpenAI- and TEI-compatible embedding server.
@@ -44,14 +45,6 @@ struct TulipServe {
     logs: Logs,
 }
 
-/// How the process logs (both commands).
-#[derive(Debug, Args)]
-struct Logs {
-    /// Log JSON lines (one object a line) instead of text, for log collectors.
-    #[arg(long, env = "JSON_OUTPUT", help_heading = heading::OBSERVABILITY)]
-    json_output: bool,
-}
-
 #[derive(Debug, Args)]
 struct Listen {
     /// Address to listen on (0.0.0.0 for every interface).
@@ -67,7 +60,15 @@ pub fn serve_ivy(py: Python<'_>, argv: Vec<String>) -> i32 {
         Ok(a) if workers::wanted(&a.engine.model, &a.workers) => serve_workers(py, a, &argv),
         Ok(a) => {
             let hostname = a.ivy.hostname.clone();
-            serve(py, a.engine, a.tulip, Some(a.ivy), hostname, &a.logs)
+            serve(
+                py,
+                a.engine,
+                a.tulip,
+                Some(a.ivy),
+                hostname,
+                &a.logs,
+                "ivy-serve",
+            )
         }
         Err(err) => usage(err),
     }
@@ -81,7 +82,15 @@ pub fn serve_tulip(py: Python<'_>, argv: Vec<String>) -> i32 {
             eprintln!("tulip-serve serves one --model (ivy-serve takes several)");
             2
         }
-        Ok(a) => serve(py, a.engine, a.tulip, None, a.listen.hostname, &a.logs),
+        Ok(a) => serve(
+            py,
+            a.engine,
+            a.tulip,
+            None,
+            a.listen.hostname,
+            &a.logs,
+            "tulip-serve",
+        ),
         Err(err) => usage(err),
     }
 }
@@ -96,11 +105,18 @@ fn serve(
     py: Python<'_>,
     mut engine: EngineArgs,
     tulip: TulipArgs,
-    ivy: Option<IvyArgs>,
+    mut ivy: Option<IvyArgs>,
     hostname: String,
     logs: &Logs,
+    command: &str,
 ) -> i32 {
-    init_logging(logs.json_output);
+    let (runtime, telemetry) = match start_runtime(logs, command) {
+        Ok(started) => started,
+        Err(why) => {
+            eprintln!("{why}");
+            return 2;
+        }
+    };
     let python_logs = py
         .import("tulip.serve")
         .and_then(|m| m.call_method1("configure_logging", (logs.json_output,)));
@@ -126,8 +142,12 @@ fn serve(
             }
         }
     }
+    if let Some(ivy) = ivy.as_mut() {
+        ivy.otlp_endpoint = logs.otlp_endpoint.clone();
+    }
     // Everything below runs without the GIL: the engine thread takes it when it calls ROSE.
-    let result = py.detach(|| run(engine, tulip, ivy, hostname, tokenizer));
+    let result = py.detach(|| run(&runtime, engine, tulip, ivy, hostname, tokenizer));
+    telemetry.shutdown();
     match result {
         Ok(()) => 0,
         Err(err) => {
@@ -147,6 +167,7 @@ pub(crate) fn model_root(py: Python<'_>, engine: &EngineArgs) -> Result<PathBuf,
 }
 
 fn run(
+    runtime: &tokio::runtime::Runtime,
     engine: EngineArgs,
     tulip: TulipArgs,
     mut ivy: Option<IvyArgs>,
@@ -157,7 +178,7 @@ fn run(
     if let Some(ivy) = ivy.as_mut() {
         ivy.keys = keys.clone();
     }
-    runtime("ivy-tulip")?.block_on(async move {
+    runtime.block_on(async move {
         let stopped = stop_on_signal(watch::channel(false));
         let until = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
@@ -237,8 +258,15 @@ async fn exit_when_broken(scheduler: Scheduler) {
 
 /// `ivy-serve` over worker processes (several models, `--replicas`, `--devices`): Ivy in this
 /// process, one supervised `tulip-serve` per worker on ports from `--grpc-port`.
-fn serve_workers(py: Python<'_>, a: IvyServe, argv: &[String]) -> i32 {
-    init_logging(a.logs.json_output);
+fn serve_workers(py: Python<'_>, mut a: IvyServe, argv: &[String]) -> i32 {
+    let (runtime, telemetry) = match start_runtime(&a.logs, "ivy-serve") {
+        Ok(started) => started,
+        Err(why) => {
+            eprintln!("{why}");
+            return 2;
+        }
+    };
+    a.ivy.otlp_endpoint = a.logs.otlp_endpoint.clone();
     if !a.ivy.tulip_endpoints.is_empty() {
         tracing::error!("--tulip-endpoint and worker processes (--replicas, --devices, several --model) exclude each other");
         return 2;
@@ -261,7 +289,8 @@ fn serve_workers(py: Python<'_>, a: IvyServe, argv: &[String]) -> i32 {
         }
     };
     let forwarded = workers::forwarded(argv, &IvyServe::command(), &TulipServe::command());
-    let result = py.detach(|| run_workers(a, plan, python, forwarded));
+    let result = py.detach(|| run_workers(&runtime, a, plan, python, forwarded));
+    telemetry.shutdown();
     match result {
         Ok(()) => 0,
         Err(err) => {
@@ -272,13 +301,14 @@ fn serve_workers(py: Python<'_>, a: IvyServe, argv: &[String]) -> i32 {
 }
 
 fn run_workers(
+    runtime: &tokio::runtime::Runtime,
     mut a: IvyServe,
     plan: Vec<workers::Worker>,
     python: PathBuf,
     forwarded: Vec<String>,
 ) -> Result<(), String> {
     a.ivy.keys = ApiKeys::load(&a.tulip.auth)?;
-    runtime("ivy")?.block_on(async move {
+    runtime.block_on(async move {
         let stopped = stop_on_signal(watch::channel(false));
         // The workers stop after Ivy has drained: its admitted requests still need them.
         let (halt, halted) = watch::channel(false);
@@ -320,13 +350,22 @@ fn run_workers(
     })
 }
 
-/// The multi-threaded runtime a command serves on.
-fn runtime(name: &str) -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded runtime a command serves on, and its logs and traces (whose exporter
+/// runs on it).
+fn start_runtime(
+    logs: &Logs,
+    command: &str,
+) -> Result<(tokio::runtime::Runtime, Telemetry), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .thread_name(name)
+        .thread_name(command)
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let telemetry = {
+        let _inside = runtime.enter();
+        Telemetry::init(logs, command)?
+    };
+    Ok((runtime, telemetry))
 }
 
 /// Sends `true` on the channel at SIGTERM or SIGINT; returns its receiver.
@@ -365,17 +404,4 @@ async fn wait_for_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-}
-
-fn init_logging(json: bool) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    let _ = if json {
-        logs.json().try_init()
-    } else {
-        logs.try_init()
-    };
 }

@@ -15,6 +15,7 @@ use crate::proto::tulip_client::TulipClient as RawClient;
 use crate::proto::tulip_server::{Tulip, TulipServer};
 use crate::scheduler::Scheduler;
 use crate::server::{TulipService, MAX_MESSAGE_BYTES};
+use crate::trace_context;
 
 /// The clients of one gRPC channel.
 #[derive(Clone)]
@@ -27,9 +28,10 @@ struct Grpc {
 }
 
 impl Grpc {
-    /// `message` as a call, with the key when there is one.
+    /// `message` as a call, with the key when there is one and the caller's trace context.
     fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
+        trace_context::inject(request.metadata_mut());
         if let Some(value) = &self.authorization {
             request
                 .metadata_mut()

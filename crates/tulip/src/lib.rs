@@ -14,6 +14,7 @@ pub mod packing;
 pub mod postprocess;
 pub mod scheduler;
 pub mod server;
+pub mod trace_context;
 
 /// Types generated from `protos/tulip.proto`.
 pub mod proto {

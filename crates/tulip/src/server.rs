@@ -3,12 +3,14 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tonic::metadata::MetadataMap;
 use tonic::server::NamedService;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
+use tracing::Instrument;
 
 use crate::auth::ApiKeys;
 use crate::deadline;
@@ -17,6 +19,7 @@ use crate::postprocess::{append_row, score_row, Shape};
 use crate::proto::tulip_server::{Tulip, TulipServer};
 use crate::proto::{self, Encoding, ModelInfo};
 use crate::scheduler::{Scheduler, Sequences};
+use crate::trace_context;
 
 /// Largest gRPC message Tulip accepts or a client takes (a whole model tokenizer fits).
 pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
@@ -110,11 +113,9 @@ impl TulipService {
     pub(crate) fn is_ready(&self) -> bool {
         self.scheduler.is_ready()
     }
-}
 
-#[tonic::async_trait]
-impl Tulip for TulipService {
-    async fn embed(
+    /// Embed, inside its span.
+    async fn embed_traced(
         &self,
         request: Request<proto::EmbedRequest>,
     ) -> Result<Response<proto::EmbedResponse>, Status> {
@@ -141,7 +142,8 @@ impl Tulip for TulipService {
         }))
     }
 
-    async fn score(
+    /// Score, inside its span.
+    async fn score_traced(
         &self,
         request: Request<proto::ScoreRequest>,
     ) -> Result<Response<proto::ScoreResponse>, Status> {
@@ -170,6 +172,40 @@ impl Tulip for TulipService {
             queue_us: answer.queue_time.as_micros() as u64,
             inference_us: answer.inference_time.as_micros() as u64,
         }))
+    }
+}
+
+/// `span`, the span of one call, made a child of the caller's (Ivy's request, in this process
+/// or across gRPC).
+fn rpc_span(span: tracing::Span, metadata: &MetadataMap) -> tracing::Span {
+    trace_context::continue_from(metadata.as_ref(), &span);
+    span
+}
+
+#[tonic::async_trait]
+impl Tulip for TulipService {
+    async fn embed(
+        &self,
+        request: Request<proto::EmbedRequest>,
+    ) -> Result<Response<proto::EmbedResponse>, Status> {
+        let sequences = request.get_ref().lengths.len();
+        let span = rpc_span(
+            tracing::info_span!("embed", sequences = sequences as i64),
+            request.metadata(),
+        );
+        self.embed_traced(request).instrument(span).await
+    }
+
+    async fn score(
+        &self,
+        request: Request<proto::ScoreRequest>,
+    ) -> Result<Response<proto::ScoreResponse>, Status> {
+        let sequences = request.get_ref().lengths.len();
+        let span = rpc_span(
+            tracing::info_span!("score", sequences = sequences as i64),
+            request.metadata(),
+        );
+        self.score_traced(request).instrument(span).await
     }
 
     async fn info(

@@ -59,13 +59,16 @@ pub fn router(gateway: Gateway) -> Router {
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
 }
 
-/// The span every log line about one request sits in.
+/// The span every log line about one request sits in; with `--otlp-endpoint`, the root of its
+/// trace (or a child of the client's, when it sent a `traceparent`).
 fn request_span(request: &Request) -> tracing::Span {
     let id = request.extensions().get::<RequestId>();
     let id = id
         .and_then(|id| id.header_value().to_str().ok())
         .unwrap_or("-");
-    tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path())
+    let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path());
+    tulip::trace_context::continue_from(request.headers(), &span);
+    span
 }
 
 /// The routes and their OpenAPI description, built together.

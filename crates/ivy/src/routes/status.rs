@@ -90,6 +90,7 @@ async fn describe(gateway: &Gateway) -> Value {
     body["tulip_endpoints"] = json!(args.tulip_endpoints);
     // How many keys, never which.
     body["api_keys"] = json!(args.keys.len());
+    body["otlp_endpoint"] = json!(args.otlp_endpoint);
     body["api_key_requests_per_second"] = json!(args.api_key_requests_per_second);
     body["api_key_tokens_per_minute"] = json!(args.api_key_tokens_per_minute);
     body["version"] = json!(env!("CARGO_PKG_VERSION"));
