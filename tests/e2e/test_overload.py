@@ -53,3 +53,28 @@ def test_a_request_over_the_token_limit_is_refused_413_at_once(tmp_path: Path) -
         assert requests.post(f"{server.url}/v1/embeddings", json=short, timeout=60).status_code == 200
     finally:
         server.stop()
+
+
+def test_large_requests_that_would_wait_past_half_the_deadline_get_429_not_504(tmp_path: Path) -> None:
+    # A budget too large for this CPU to drain within the deadline: the measured drain rate refuses.
+    server = start_server(tmp_path, "--request-timeout", "4", "--max-queued-tokens", "1000000")
+    try:
+        passage = "a passage long enough to count, about admission by tokens rather than requests " * 12
+        large = {"inputs": [passage] * 10, "truncate": True}  # ~2,000 tokens
+
+        def post_large(_: int) -> tuple[int, str, str | None]:
+            answer = requests.post(f"{server.url}/embed", json=large, timeout=120)
+            return answer.status_code, answer.text, answer.headers.get("retry-after")
+
+        # The drain rate is measured once large requests have kept the queue busy for a while
+        # (until then only --max-queued-tokens bounds them): two at a time, within the deadline.
+        with ThreadPoolExecutor(2) as pool:
+            assert {code for code, _, _ in pool.map(post_large, range(8))} <= {200, 429}
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(post_large, range(160)))
+        codes = [code for code, _, _ in results]
+        assert 504 not in codes and set(codes) == {200, 429}, sorted(set(codes))
+        refused = [(text, retry_after) for code, text, retry_after in results if code == 429]
+        assert all("to drain" in text and int(retry_after) >= 1 for text, retry_after in refused), refused[0]
+    finally:
+        server.stop()

@@ -28,7 +28,8 @@ pub struct IvyArgs {
     pub max_concurrent_requests: usize,
 
     /// Most tokens of large requests (over 1,024 tokens) admitted and not yet answered, for each
-    /// served model; a request past it is answered 429 at once. Small requests are bounded by
+    /// served model; a request past it, or one whose wait at the measured drain rate would pass
+    /// half the --request-timeout, is answered 429 at once. Small requests are bounded by
     /// --max-concurrent-requests alone.
     #[arg(long, env = "MAX_QUEUED_TOKENS", default_value_t = 1 << 20, help_heading = heading::LIMITS)]
     pub max_queued_tokens: usize,

@@ -31,6 +31,12 @@ pub enum IvyError {
     /// More requests in flight than `--max-concurrent-requests`.
     #[error("the server is handling as many requests as it allows; try again")]
     Overloaded,
+    /// The queued work would take longer than the request may wait.
+    #[error(
+        "the queued work takes about {} s to drain, longer than a request may wait ({} s, half the --request-timeout); try again",
+        wait.as_secs(), longest.as_secs()
+    )]
+    Backlogged { wait: Duration, longest: Duration },
     /// No API key, or a wrong one.
     #[error("{0}")]
     Unauthorized(#[from] AuthFailure),
@@ -64,7 +70,9 @@ impl IvyError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             IvyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            IvyError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
+            IvyError::Overloaded | IvyError::Backlogged { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "overloaded")
+            }
             IvyError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             IvyError::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             IvyError::Unsupported(_) => (StatusCode::BAD_REQUEST, "unsupported"),
@@ -103,6 +111,11 @@ impl IntoResponse for IvyError {
             }
             IvyError::RateLimited(wait) => {
                 headers.insert(RETRY_AFTER, HeaderValue::from(retry_after(wait)));
+            }
+            // When enough of the queue has drained for a request to wait no longer than allowed.
+            IvyError::Backlogged { wait, longest } => {
+                let drained = wait.saturating_sub(longest);
+                headers.insert(RETRY_AFTER, HeaderValue::from(retry_after(drained)));
             }
             IvyError::Unauthorized(_) => {
                 headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -156,6 +169,13 @@ mod tests {
         assert_eq!(limited.headers()[RETRY_AFTER], "2");
         let overloaded = IvyError::Overloaded.into_response();
         assert_eq!(overloaded.headers()[RETRY_AFTER], "1");
+        let backlogged = IvyError::Backlogged {
+            wait: Duration::from_millis(7200),
+            longest: Duration::from_secs(5),
+        };
+        let backlogged = backlogged.into_response();
+        assert_eq!(backlogged.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(backlogged.headers()[RETRY_AFTER], "3");
         let refused = IvyError::Unauthorized(AuthFailure::Wrong).into_response();
         assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(refused.headers()[WWW_AUTHENTICATE], "Bearer");

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokenizers::Tokenizer;
@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tulip::proto::ModelInfo;
 use tulip::TulipClient;
 
+use crate::admission::{longest_wait, DrainRate};
 use crate::config::IvyArgs;
 use crate::error::IvyError;
 use crate::key_limits::KeyLimits;
@@ -60,6 +61,25 @@ struct Served {
     limiter: Arc<Semaphore>,
     /// Tokens of large requests admitted and not yet answered (`--max-queued-tokens`).
     queued_tokens: Arc<Semaphore>,
+    /// How fast those tokens drain, for refusing what would wait past its deadline.
+    drain: Arc<DrainRate>,
+}
+
+/// A large request's place in the queue, held until it is answered; its tokens then count
+/// towards the drain rate.
+pub struct Admission {
+    permit: OwnedSemaphorePermit,
+    tokens: usize,
+    drain: Arc<DrainRate>,
+    budget: usize,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let queue = self.permit.semaphore();
+        let others = self.budget - queue.available_permits() - self.permit.num_permits();
+        self.drain.finished(self.tokens, others > 0, Instant::now());
+    }
 }
 
 /// The model folder's tokenizer.json, read and parsed on a blocking thread while the engine
@@ -262,24 +282,39 @@ impl Gateway {
     }
 
     /// Admits a tokenized request's `tokens` into the queue: 413 past --max-request-tokens, 429 at
-    /// once when the queue is full. Small requests (queries) have a budget of their own, the
-    /// request count alone, so that a flood of large batches cannot shut them out; a request
-    /// larger than the whole budget runs alone.
-    pub fn admit_tokens(&self, tokens: usize) -> Result<Option<OwnedSemaphorePermit>, IvyError> {
-        let most = self.args().max_request_tokens;
-        if tokens > most {
+    /// once when the queue is full or its work would take longer than half the --request-timeout
+    /// at the rate it drains. Small requests (queries) have a budget of their own, the request
+    /// count alone, so that a flood of large batches cannot shut them out; a request larger than
+    /// the whole budget runs alone.
+    pub fn admit_tokens(&self, tokens: usize) -> Result<Option<Admission>, IvyError> {
+        let args = self.args();
+        if tokens > args.max_request_tokens {
             return Err(IvyError::TooLarge(format!(
-                "the request has {tokens} tokens, more than the server's --max-request-tokens ({most})"
+                "the request has {tokens} tokens, more than the server's --max-request-tokens ({})",
+                args.max_request_tokens
             )));
         }
         if tokens <= SMALL_REQUEST_TOKENS {
             return Ok(None);
         }
-        let wanted = tokens.min(self.args().max_queued_tokens).max(1) as u32;
-        (self.served().queued_tokens.clone())
+        let served = self.served();
+        let queued = args.max_queued_tokens - served.queued_tokens.available_permits();
+        let longest = longest_wait(args.request_timeout);
+        if let Some(wait) = served.drain.wait(queued + tokens) {
+            if queued > 0 && wait > longest {
+                return Err(IvyError::Backlogged { wait, longest });
+            }
+        }
+        let wanted = tokens.min(args.max_queued_tokens).max(1) as u32;
+        let permit = (served.queued_tokens.clone())
             .try_acquire_many_owned(wanted)
-            .map(Some)
-            .map_err(|_| IvyError::Overloaded)
+            .map_err(|_| IvyError::Overloaded)?;
+        Ok(Some(Admission {
+            permit,
+            tokens,
+            drain: served.drain.clone(),
+            budget: args.max_queued_tokens,
+        }))
     }
 }
 
@@ -336,6 +371,7 @@ impl Served {
             affixes,
             limiter: Arc::new(Semaphore::new(args.max_concurrent_requests)),
             queued_tokens: Arc::new(Semaphore::new(args.max_queued_tokens)),
+            drain: Arc::new(DrainRate::new(Instant::now())),
         })
     }
 }

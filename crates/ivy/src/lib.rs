@@ -5,6 +5,7 @@
 //! the one path of the rerank, predict and similarity routes,
 //! `routes` one file per API family, `http` the server around them, `replicas` the fan-out.
 
+pub mod admission;
 pub mod config;
 pub mod error;
 pub mod gateway;

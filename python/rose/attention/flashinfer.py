@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +18,14 @@ _WORKSPACE_BYTES = 512 << 20
 _SMALLEST_HEAD_DIM = 64
 
 
+@functools.cache
+def shared_workspace(device: torch.device) -> torch.Tensor:
+    """The device's one float workspace, which every wrapper shares (FlashInfer's advice: they
+    never run at once). A new backend with a workspace of its own, after an earlier one was
+    dropped unused, faulted in its first step (illegal address); sharing also saves the memory."""
+    return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
 class FlashInferBackend(AttentionBackend):
     """BatchPrefillWithRaggedKVCacheWrapper; planned on the host once per batch."""
 
@@ -27,7 +37,6 @@ class FlashInferBackend(AttentionBackend):
         spec: AttentionSpec,
         device: torch.device,
         graph_sequences: int | None = None,
-        workspace: torch.Tensor | None = None,
     ) -> None:
         super().__init__(spec, device)
         self.name = self.variant
@@ -35,10 +44,7 @@ class FlashInferBackend(AttentionBackend):
         self.require_cuda(self.name, device, spec, self.min_capability)
         fi = kernels.flashinfer()
         self.head_dim = max(spec.head_dim, _SMALLEST_HEAD_DIM)
-        # Graphs never run at the same time, so their wrappers share one float workspace.
-        self.workspace = (
-            workspace if workspace is not None else torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        )
+        self.workspace = shared_workspace(device)
         graph_buffers = {}
         if graph_sequences is not None:
             # A graph's wrapper reads its plan from fixed buffers; each replay re-plans into them.
@@ -54,7 +60,7 @@ class FlashInferBackend(AttentionBackend):
             raise BackendUnavailable("flashinfer is not installed (pip install flashinfer-python)")
 
     def for_graph(self, key: tuple[int, int], batch: RaggedBatch) -> AttentionBackend:
-        return type(self)(self.spec, self.device, graph_sequences=key[1], workspace=self.workspace)
+        return type(self)(self.spec, self.device, graph_sequences=key[1])
 
     def plan(self, batch: RaggedBatch) -> None:
         indptr = batch.cu_seqlens_host

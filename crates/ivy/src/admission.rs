@@ -1,0 +1,119 @@
+//! How fast a model's queued work drains, measured as requests finish, so that admission refuses
+//! at once what could not be answered before its deadline (instead of queueing it to a 504).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The shortest span a drain-rate sample covers: shorter ones are dominated by one step's jitter.
+const WINDOW: Duration = Duration::from_secs(1);
+/// The weight of a new sample in the running estimate.
+const NEW_SAMPLE_WEIGHT: f64 = 0.3;
+
+/// Tokens answered per second while the queue was busy, as a running estimate.
+#[derive(Debug)]
+pub struct DrainRate {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    since: Instant,
+    tokens: u64,
+    per_second: Option<f64>,
+}
+
+impl DrainRate {
+    /// No estimate until the first busy window closes: until then nothing is refused by it.
+    pub fn new(now: Instant) -> Self {
+        let state = State {
+            since: now,
+            tokens: 0,
+            per_second: None,
+        };
+        Self {
+            state: Mutex::new(state),
+        }
+    }
+
+    /// A request of `tokens` was answered at `now`; `busy`: other large requests were still
+    /// queued then. Only windows that end busy are samples: an idle gap would read as slowness.
+    pub fn finished(&self, tokens: usize, busy: bool, now: Instant) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.tokens += tokens as u64;
+        let elapsed = now.saturating_duration_since(state.since);
+        if elapsed < WINDOW {
+            return;
+        }
+        if busy {
+            let sample = state.tokens as f64 / elapsed.as_secs_f64();
+            state.per_second = Some(match state.per_second {
+                Some(rate) => rate + NEW_SAMPLE_WEIGHT * (sample - rate),
+                None => sample,
+            });
+        }
+        state.since = now;
+        state.tokens = 0;
+    }
+
+    /// How long `queued` tokens take to drain at the estimated rate (None: no estimate yet).
+    pub fn wait(&self, queued: usize) -> Option<Duration> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let rate = state.per_second.filter(|r| *r > 0.0)?;
+        Some(Duration::from_secs_f64(queued as f64 / rate))
+    }
+}
+
+/// The longest a large request may expect to wait in the queue: half its deadline, leaving the
+/// other half for the estimate's error and for its own inference.
+pub fn longest_wait(request_timeout: Duration) -> Duration {
+    request_timeout / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, ms: u64) -> Instant {
+        start + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn no_estimate_until_a_busy_window_closes() {
+        let start = Instant::now();
+        let rate = DrainRate::new(start);
+        rate.finished(1000, true, at(start, 500));
+        assert_eq!(rate.wait(1000), None);
+        rate.finished(1000, true, at(start, 1000));
+        // 2,000 tokens in one second: 4,000 queued tokens drain in two.
+        assert_eq!(rate.wait(4000), Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn a_window_that_ends_idle_is_not_a_sample() {
+        let start = Instant::now();
+        let rate = DrainRate::new(start);
+        rate.finished(100, false, at(start, 5000));
+        assert_eq!(rate.wait(100), None);
+        rate.finished(3000, true, at(start, 6000));
+        assert_eq!(rate.wait(3000), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn new_samples_move_the_estimate_part_of_the_way() {
+        let start = Instant::now();
+        let rate = DrainRate::new(start);
+        rate.finished(1000, true, at(start, 1000));
+        rate.finished(2000, true, at(start, 2000));
+        // 1,000 + 0.3 * (2,000 - 1,000) = 1,300 tokens/s.
+        let wait = rate.wait(1300).unwrap().as_secs_f64();
+        assert!((wait - 1.0).abs() < 1e-9, "{wait}");
+    }
+
+    #[test]
+    fn the_longest_wait_is_half_the_deadline() {
+        assert_eq!(
+            longest_wait(Duration::from_secs(10)),
+            Duration::from_secs(5)
+        );
+    }
+}
