@@ -561,3 +561,24 @@ def save_decoder(folder: Path, family: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     _finish(folder, model, "last", "", {})
     return folder
+
+
+def save_splade(folder: Path, hidden_size: int = 64, layers: int = 2) -> Path:
+    """A random BertForMaskedLM published as sentence-transformers' SparseEncoder saves SPLADE
+    models (its Transformer and SpladePooling modules). The LM head's bias is low for most of the
+    vocabulary, so that the vectors are sparse as trained ones are."""
+    from sentence_transformers import SparseEncoder
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    torch.manual_seed(6)
+    config = BertConfig(hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=4,
+                        intermediate_size=hidden_size * 2)  # fmt: skip
+    model = BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        keep = torch.rand(config.vocab_size, generator=torch.Generator().manual_seed(6)) < 0.02
+        model.cls.predictions.bias.copy_(torch.where(keep, 0.1, -1.0))
+    plain = folder.parent / f"{folder.name}-mlm"
+    model.save_pretrained(plain)
+    AutoTokenizer.from_pretrained(rose.default_model_path()).save_pretrained(plain)
+    SparseEncoder(str(plain)).save(str(folder))
+    return folder

@@ -18,6 +18,7 @@ ROUTES = {
     "/v1/models": "get",
     "/v2/embed": "post",
     "/embed": "post",
+    "/embed_sparse": "post",
     "/tokenize": "post",
     "/decode": "post",
     "/similarity": "post",

@@ -28,6 +28,7 @@ ROUTES = [
     ("GET", "/v1/models", None),
     ("POST", "/v2/embed", {"texts": ["hello"], "input_type": "search_query", "embedding_types": ["float"]}),
     ("POST", "/embed", {"inputs": "hello"}),
+    ("POST", "/embed_sparse", {"inputs": "hello"}),
     ("POST", "/tokenize", {"inputs": "hello"}),
     ("POST", "/decode", {"ids": [101, 102]}),
     ("POST", "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),

@@ -17,6 +17,7 @@ pub mod replicas;
 pub mod request;
 pub mod routes;
 pub mod score;
+pub mod sparse;
 pub mod startup;
 pub mod template;
 pub mod tokenization;

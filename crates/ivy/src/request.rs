@@ -14,6 +14,10 @@ use crate::input::Input;
 use crate::replicas::{VectorShape, Vectors};
 use crate::tokenization::{EncodeOptions, INLINE_BYTES};
 
+/// The route of sparse vectors (TEI's /embed_sparse): the one a SPLADE model answers, and the
+/// one only it answers.
+pub const SPARSE_ROUTE: &str = "tei_sparse";
+
 /// What a route asks of the shared path.
 #[derive(Debug, Clone)]
 pub struct EmbedCall {
@@ -62,6 +66,7 @@ impl Gateway {
         let start = Instant::now();
         let _permit = self.admit()?;
         self.require_task("embed")?;
+        self.require_output(route == SPARSE_ROUTE)?;
         self.check_batch_size(call.inputs.len())?;
         let dimensions = self.check_dimensions(call.dimensions)?;
         let prompt: Arc<str> = self.prompt(call.prompt_name.as_deref())?.into();
@@ -168,6 +173,22 @@ impl Gateway {
 
     /// Refuses a request of the other task, naming the model's: an embedding route asked of a
     /// score model (a reranker), or a score route of an embedding model.
+    /// Dense routes need a dense model, /embed_sparse a SPLADE one.
+    fn require_output(&self, sparse: bool) -> Result<(), IvyError> {
+        let model = self.model();
+        match (model.pooling == "splade", sparse) {
+            (true, false) => Err(IvyError::Unsupported(format!(
+                "{} is a SPLADE model: its vectors are sparse, served by /embed_sparse",
+                model.model_id
+            ))),
+            (false, true) => Err(IvyError::Unsupported(format!(
+                "{} has no sparse head: /embed_sparse serves SPLADE models (SpladePooling)",
+                model.model_id
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn require_task(&self, task: &str) -> Result<(), IvyError> {
         let model = self.model();
         if model.task == task {

@@ -11,8 +11,9 @@ from typing import Any
 from rose.errors import ModelError
 from rose.loading import hub
 
-POOLING_MODES = ("mean", "cls", "last", "max", "weightedmean")
-"""The poolings rose.models.pooling computes (sentence-transformers' Pooling modes)."""
+POOLING_MODES = ("mean", "cls", "last", "max", "weightedmean", "splade")
+"""The poolings rose.models.pooling computes (sentence-transformers' Pooling modes, and
+SpladePooling's vocabulary-wide sparse vector, rose.models.sparse)."""
 
 DECODER_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 """The decoder families, which embed with their last token when the folder names no pooling."""
@@ -27,7 +28,7 @@ _POOLING_KEYS = {
 }
 
 
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling")
 """The sentence-transformers modules a folder's modules.json may list (by the type's last name)."""
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -88,6 +89,8 @@ class ModelDir:
     """The folders of the sentence-transformers Dense modules after pooling, in order."""
     modules: list[str] = field(default_factory=list)
     """The sentence-transformers modules of modules.json, by kind, in order (empty without one)."""
+    splade: dict[str, str] | None = None
+    """SpladePooling's config (pooling_strategy, activation_function) where the folder has one."""
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> ModelDir:
@@ -117,6 +120,7 @@ class ModelDir:
             default_prompt_name=st_config.get("default_prompt_name"),
             dense=[root / m["path"] for m, kind in zip(modules, kinds, strict=True) if kind == "Dense"],
             modules=kinds,
+            splade=_splade(root, modules),
         )
 
     @property
@@ -142,7 +146,18 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _splade(root: Path, modules: list[dict[str, Any]]) -> dict[str, str] | None:
+    for m in modules:
+        if m.get("type", "").endswith("SpladePooling"):
+            config = _read_json(root / m["path"] / "config.json") or {}
+            return {"pooling_strategy": config.get("pooling_strategy", "max"),
+                    "activation_function": config.get("activation_function", "relu")}  # fmt: skip
+    return None
+
+
 def _pooling(root: Path, modules: list[dict[str, Any]], config: dict[str, Any]) -> str:
+    if any(m.get("type", "").endswith("SpladePooling") for m in modules):
+        return "splade"
     pooling_dirs = [m["path"] for m in modules if m.get("type", "").endswith("Pooling")]
     candidates = [root / d / "config.json" for d in pooling_dirs] + [root / "1_Pooling" / "config.json"]
     for candidate in candidates:

@@ -8,11 +8,17 @@ import torch
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
 from rose.loading.model_dir import POOLING_MODES
+from rose.models.sparse import SpladeHead
 
 
-def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str) -> torch.Tensor:
+def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str, splade: SpladeHead | None = None) -> torch.Tensor:
     """[tokens, hidden] -> [sequences, hidden] in float32, by `mode` (POOLING_MODES: mean, cls,
-    last, max, or weightedmean, sentence-transformers' weights of 1, 2, 3, ... by position)."""
+    last, max, or weightedmean, sentence-transformers' weights of 1, 2, 3, ... by position), or
+    [sequences, vocabulary] through a SPLADE model's head (`splade`)."""
+    if mode == "splade":
+        if splade is None:
+            raise ModelError("SPLADE pooling needs the model's masked-LM head")
+        return splade(hidden, batch)
     hidden = hidden.float()
     # Empty sequences (a CUDA graph bucket's padding) must not index out of range or divide by 0.
     last_token = hidden.shape[0] - 1

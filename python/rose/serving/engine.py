@@ -26,6 +26,7 @@ from rose.loading.weights import load_weights
 from rose.models import model_class
 from rose.models.dense import DenseModules
 from rose.models.pooling import pool
+from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
 from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.runtime.heap import start_trimming
@@ -144,7 +145,12 @@ class Engine:
         self.startup.start_imports()
 
     def _build(self, weights: dict[str, torch.Tensor], dtype: torch.dtype, matmul_dtype: torch.dtype) -> Any:
-        return self._family(self.model_dir.config, weights, dtype, self.device, matmul_dtype)
+        model = self._family(self.model_dir.config, weights, dtype, self.device, matmul_dtype)
+        if self.pooling == "splade":
+            splade = self.model_dir.splade or {}
+            model.splade = SpladeHead(weights, self.model_dir.config, splade.get("pooling_strategy", "max"),
+                                      splade.get("activation_function", "relu"), dtype, self.device)  # fmt: skip
+        return model
 
     def _attention(self, name: str, defer: bool = False) -> AttentionBackend:
         spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
@@ -188,10 +194,16 @@ class Engine:
 
     @property
     def dimensions(self) -> int:
-        """Values a row of step(): the hidden size (the last Dense module's), or a score model's labels."""
+        """Values a row of step(): the hidden size (the last Dense module's), a score model's
+        labels, or a SPLADE model's vocabulary."""
         if self.scoring:
             return len(self.scoring.labels)
-        return self.dense.out_features if self.dense else int(self.model_dir.config["hidden_size"])
+        return self.dense.out_features if self.dense else self.pooled_width
+
+    @property
+    def pooled_width(self) -> int:
+        """Values a pooled state has (before any head): the vocabulary for SPLADE, else the hidden size."""
+        return self.model.splade.vocab_size if self.pooling == "splade" else int(self.model_dir.config["hidden_size"])
 
     @property
     def vocab_size(self) -> int:
@@ -269,7 +281,7 @@ class Engine:
         """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
         if self.decoder is not None and batch.num_tokens <= self.decoder.max_tokens:
             return self.decoder(batch, self.pooling)
-        return pool(self.model.forward(batch, attention), batch, self.pooling)
+        return pool(self.model.forward(batch, attention), batch, self.pooling, getattr(self.model, "splade", None))
 
     def embed_batches(self, batches: Iterable[Sequence[Sequence[int]]], states: bool = False) -> np.ndarray:
         """step()'s rows of token-id sequences (lists or int32 arrays; `states`: a score model's
@@ -319,7 +331,7 @@ class Engine:
         """The reference's vectors of the fixed sequences, or those an earlier start with the
         same inputs kept on disk."""
         key = fidelity.reference_key(self.model_dir.path, self.pooling, self.device.type, fixed)
-        shape = (len(fixed), int(self.model_dir.config["hidden_size"]))
+        shape = (len(fixed), self.pooled_width)
         return fidelity.stored_reference(key, lambda: self.reference(fixed, weights), shape)
 
     def stats(self) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def reference(model: Any, pooling: str, device: torch.device, fixed: list[list[i
     batch = RaggedBatch.from_host(np.concatenate(fixed), np.concatenate([[0], np.cumsum(lengths)]), device)
     attention.plan(batch)
     with torch.inference_mode():
-        return pool(model.forward(batch, attention), batch, pooling).cpu().numpy()
+        return pool(model.forward(batch, attention), batch, pooling, getattr(model, "splade", None)).cpu().numpy()
 
 
 def stored_reference(key: str, compute: Callable[[], np.ndarray], shape: tuple[int, int]) -> tuple[np.ndarray, str]:

@@ -78,6 +78,7 @@ fn api() -> OpenApiRouter<Gateway> {
         .routes(routes!(openai::models))
         .routes(routes!(cohere::embed))
         .routes(routes!(tei::embed))
+        .routes(routes!(tei::embed_sparse))
         .routes(routes!(tei::tokenize))
         .routes(routes!(tei::decode))
         .routes(routes!(tei::similarity))
