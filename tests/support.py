@@ -563,7 +563,11 @@ def save_decoder(folder: Path, family: str) -> Path:
     return folder
 
 
-def save_splade(folder: Path, hidden_size: int = 64, layers: int = 2) -> Path:
+SPLADE_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+"""naver/splade-cocondenser-ensembledistil's widths (BERT-base)."""
+
+
+def save_splade(folder: Path, **sizes: int) -> Path:
     """A random BertForMaskedLM published as sentence-transformers' SparseEncoder saves SPLADE
     models (its Transformer and SpladePooling modules). The LM head's bias is low for most of the
     vocabulary, so that the vectors are sparse as trained ones are."""
@@ -571,8 +575,8 @@ def save_splade(folder: Path, hidden_size: int = 64, layers: int = 2) -> Path:
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     torch.manual_seed(6)
-    config = BertConfig(hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=4,
-                        intermediate_size=hidden_size * 2)  # fmt: skip
+    tiny = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    config = BertConfig(**{**tiny, **sizes})
     model = BertForMaskedLM(config).eval()
     with torch.no_grad():
         keep = torch.rand(config.vocab_size, generator=torch.Generator().manual_seed(6)) < 0.02

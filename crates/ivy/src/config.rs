@@ -48,6 +48,17 @@ pub struct IvyArgs {
     #[arg(long, env = "AUTO_TRUNCATE", default_value_t = false, help_heading = heading::LIMITS)]
     pub auto_truncate: bool,
 
+    /// Inputs longer than the model's limit: `truncate` (cut, or 422, by `truncate` and
+    /// --auto-truncate) or `chunk` (embedded in overlapping windows whose vectors are averaged,
+    /// weighted by their tokens); a request's `long_inputs` field overrides it.
+    #[arg(long, env = "LONG_INPUTS", value_enum, default_value_t = LongInputs::Truncate,
+          help_heading = heading::LIMITS)]
+    pub long_inputs: LongInputs,
+
+    /// Tokens two consecutive windows of a chunked input share.
+    #[arg(long, env = "CHUNK_OVERLAP", default_value_t = 32, help_heading = heading::LIMITS)]
+    pub chunk_overlap: usize,
+
     /// Seconds a request may take from arrival to answer; past it, 504 and its work is dropped
     /// (its chunks leave the queue before they reach the engine).
     #[arg(long, env = "REQUEST_TIMEOUT", default_value = "600", value_parser = seconds,
@@ -124,6 +135,26 @@ pub struct IvyArgs {
     /// Where traces go (the process's --otlp-endpoint), for /info.
     #[arg(skip)]
     pub otlp_endpoint: Option<String>,
+}
+
+/// What happens to an input longer than the model's limit.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LongInputs {
+    /// Cut to the limit (or refused), as `truncate` and --auto-truncate say.
+    Truncate,
+    /// Split into overlapping windows, each embedded, their vectors averaged by tokens.
+    Chunk,
 }
 
 /// A duration given in (fractional) seconds.

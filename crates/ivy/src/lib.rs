@@ -6,6 +6,7 @@
 //! `routes` one file per API family, `http` the server around them, `replicas` the fan-out.
 
 pub mod admission;
+pub mod chunking;
 pub mod config;
 pub mod error;
 pub mod gateway;

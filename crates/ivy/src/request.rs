@@ -6,12 +6,15 @@ use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
 use tokenizers::TruncationDirection;
+use tulip::postprocess::Shape;
 use tulip::proto::Encoding;
 
+use crate::chunking::combine;
+use crate::config::LongInputs;
 use crate::error::IvyError;
 use crate::gateway::Gateway;
 use crate::input::Input;
-use crate::replicas::{VectorShape, Vectors};
+use crate::replicas::{ChunkTimes, VectorShape, Vectors};
 use crate::tokenization::{EncodeOptions, INLINE_BYTES};
 
 /// The route of sparse vectors (TEI's /embed_sparse): the one a SPLADE model answers, and the
@@ -29,6 +32,8 @@ pub struct EmbedCall {
     pub normalize: bool,
     pub dimensions: Option<i64>,
     pub encoding: Encoding,
+    /// None follows `--long-inputs`.
+    pub long_inputs: Option<LongInputs>,
 }
 
 /// The vectors of a request, with the facts a response reports.
@@ -89,22 +94,26 @@ impl Gateway {
             add_special_tokens: true,
             inline: text_bytes <= INLINE_BYTES,
         });
-        let sequences = try_join_all(
-            call.inputs
-                .into_iter()
-                .enumerate()
-                .map(|(i, input)| self.sequence(i, input, &options)),
+        let chunked = call.long_inputs.unwrap_or(self.args().long_inputs) == LongInputs::Chunk;
+        let windows = try_join_all(
+            (call.inputs.into_iter().enumerate())
+                .map(|(i, input)| self.windows(i, input, &options, chunked)),
         )
         .await?;
         let tokenization = start.elapsed();
-        let tokens = sequences.iter().map(Vec::len).sum();
+        let tokens = windows.iter().flatten().map(Vec::len).sum();
         let shape = VectorShape {
             normalize: call.normalize,
             dimensions,
             encoding: call.encoding,
         };
         let _queued = self.admit_tokens(tokens)?;
-        let (vectors, chunk) = self.replicas().embed(&sequences, &[], shape).await?;
+        let (vectors, chunk) = if windows.iter().all(|w| w.len() == 1) {
+            let sequences: Vec<Vec<u32>> = windows.into_iter().flatten().collect();
+            self.replicas().embed(&sequences, &[], shape).await?
+        } else {
+            self.embed_windows(windows, shape).await?
+        };
         let embedded = Embedded {
             vectors,
             tokens,
@@ -118,8 +127,68 @@ impl Gateway {
                 characters,
             },
         };
-        crate::metrics::record(route, sequences.len(), &embedded.timings);
+        crate::metrics::record(route, embedded.vectors.count, &embedded.timings);
         Ok(embedded)
+    }
+
+    /// Embeds every window of every input as a sequence of its own (packed with everything
+    /// else), then combines each input's windows into its one vector, shaped as asked.
+    async fn embed_windows(
+        &self,
+        windows: Vec<Vec<Vec<u32>>>,
+        shape: VectorShape,
+    ) -> Result<(Vectors, ChunkTimes), IvyError> {
+        let lengths: Vec<Vec<usize>> = (windows.iter())
+            .map(|w| w.iter().map(Vec::len).collect())
+            .collect();
+        let sequences: Vec<Vec<u32>> = windows.into_iter().flatten().collect();
+        let raw = VectorShape {
+            normalize: false,
+            dimensions: 0,
+            encoding: Encoding::Float32,
+        };
+        let (window_vectors, times) = self.replicas().embed(&sequences, &[], raw).await?;
+        let width = window_vectors.dimensions;
+        let floats: Vec<f32> = (window_vectors.data.chunks_exact(4))
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let dimensions = if shape.dimensions == 0 {
+            width
+        } else {
+            shape.dimensions as usize
+        };
+        let shaped = Shape {
+            dimensions,
+            normalize: shape.normalize,
+            encoding: shape.encoding,
+        };
+        let vectors = Vectors {
+            count: lengths.len(),
+            dimensions,
+            encoding: shape.encoding,
+            data: combine(&floats, width, &lengths, shaped),
+        };
+        Ok((vectors, times))
+    }
+
+    /// An input's token ids: one sequence, or with `chunked` the windows a text longer than the
+    /// model's limit is cut into (pre-tokenized ids are never chunked).
+    async fn windows(
+        &self,
+        index: usize,
+        input: Input,
+        options: &Arc<EncodeOptions>,
+        chunked: bool,
+    ) -> Result<Vec<Vec<u32>>, IvyError> {
+        match input {
+            Input::Text(text) if chunked && !text.is_empty() => {
+                let overlap = self.args().chunk_overlap;
+                (self.tokenizer())
+                    .encode_windows(text, overlap, options.clone())
+                    .await
+            }
+            input => Ok(vec![self.sequence(index, input, options).await?]),
+        }
     }
 
     /// The token ids of one input: text goes through the tokenizer pool, ids are checked.

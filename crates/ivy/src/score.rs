@@ -204,6 +204,7 @@ impl Gateway {
                     normalize: true,
                     dimensions: None,
                     encoding: Encoding::Float32,
+                    long_inputs: None,
                 },
             )
             .await?;

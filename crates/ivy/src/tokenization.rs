@@ -78,6 +78,12 @@ enum Job {
         options: Arc<EncodeOptions>,
         reply: oneshot::Sender<Result<Vec<u32>, IvyError>>,
     },
+    Windows {
+        text: String,
+        overlap: usize,
+        options: Arc<EncodeOptions>,
+        reply: oneshot::Sender<Result<Vec<Vec<u32>>, IvyError>>,
+    },
     Tokenize {
         text: String,
         options: Arc<EncodeOptions>,
@@ -164,6 +170,27 @@ impl TokenizerPool {
         self.submit(Job::Encode {
             index,
             text,
+            options,
+            reply,
+        })?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Token ids of `options.prompt + text` in windows of the model's limit, each with the
+    /// model's special tokens, consecutive ones sharing `overlap` tokens (one window when it fits).
+    pub async fn encode_windows(
+        &self,
+        text: String,
+        overlap: usize,
+        options: Arc<EncodeOptions>,
+    ) -> Result<Vec<Vec<u32>>, IvyError> {
+        if options.inline {
+            return self.inline(|worker| worker.windows(&text, overlap, &options));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::Windows {
+            text,
+            overlap,
             options,
             reply,
         })?;
@@ -284,6 +311,14 @@ impl Worker {
             } => {
                 let _ = reply.send(self.encode(index, &text, &options));
             }
+            Job::Windows {
+                text,
+                overlap,
+                options,
+                reply,
+            } => {
+                let _ = reply.send(self.windows(&text, overlap, &options));
+            }
             Job::Tokenize {
                 text,
                 options,
@@ -329,6 +364,31 @@ impl Worker {
             )));
         }
         Ok(encoding.get_ids().to_vec())
+    }
+
+    fn windows(
+        &mut self,
+        text: &str,
+        overlap: usize,
+        options: &EncodeOptions,
+    ) -> Result<Vec<Vec<u32>>, IvyError> {
+        let templated = format!("{}{text}", options.prompt);
+        // The tokenizer's own overflow: each window post-processed with the special tokens.
+        let stride = overlap.min(self.max_input_length / 2);
+        let params = TruncationParams {
+            direction: TruncationDirection::Right,
+            max_length: self.max_input_length,
+            strategy: TruncationStrategy::LongestFirst,
+            stride,
+        };
+        self.tokenizer
+            .with_truncation(Some(params))
+            .map_err(|e| IvyError::Tokenizer(format!("cannot cut windows: {e}")))?;
+        let encoding = (self.tokenizer)
+            .encode_fast(templated.as_str(), options.add_special_tokens)
+            .map_err(|e| IvyError::Tokenizer(format!("an input could not be tokenized: {e}")))?;
+        let windows = std::iter::once(&encoding).chain(encoding.get_overflowing());
+        Ok(windows.map(|w| w.get_ids().to_vec()).collect())
     }
 
     fn encode_pair(

@@ -182,6 +182,7 @@ impl GatewayClient {
             normalize,
             dimensions,
             encoding,
+            long_inputs: None,
         };
         let embedded = py
             .detach(|| self.runtime.block_on(self.gateway.embed("python", call)))

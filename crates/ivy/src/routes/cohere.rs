@@ -136,6 +136,7 @@ pub(super) async fn embed(
         normalize: true,
         dimensions: request.output_dimension,
         encoding,
+        long_inputs: None,
     };
     // One engine call per Tulip encoding asked for (float32, int8, binary), shared by the types
     // derived from it.

@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 use super::body::JsonBody;
 use super::schema::Inputs;
 use super::timing::timing_headers;
+use crate::config::LongInputs;
 use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 use crate::input::parse_inputs;
@@ -44,6 +45,9 @@ pub(super) struct EmbeddingsRequest {
     /// little or big.
     #[serde(default)]
     endianness: Option<String>,
+    /// Inputs longer than the model: truncate or chunk (default: --long-inputs).
+    #[serde(default)]
+    long_inputs: Option<LongInputs>,
 }
 
 /// How the vectors of an answer are written.
@@ -105,6 +109,7 @@ pub(super) async fn embeddings(
         normalize: true,
         dimensions: request.dimensions,
         encoding,
+        long_inputs: request.long_inputs,
     };
     let embedded = gateway.embed("openai", call).await?;
     let model = request

@@ -82,6 +82,8 @@ async fn describe(gateway: &Gateway) -> Value {
     body["max_queued_tokens"] = json!(args.max_queued_tokens);
     body["max_request_tokens"] = json!(args.max_request_tokens);
     body["auto_truncate"] = json!(args.auto_truncate);
+    body["long_inputs"] = json!(args.long_inputs);
+    body["chunk_overlap"] = json!(args.chunk_overlap);
     body["tokenization_workers"] = json!(gateway.tokenizer().workers());
     body["engine"] = engine;
     body["replica_timeout_seconds"] = json!(args.replica_timeout.as_secs_f64());

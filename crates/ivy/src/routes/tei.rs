@@ -17,6 +17,7 @@ use super::body::JsonBody;
 use super::openai::floats;
 use super::schema::{Inputs, PredictInputs, TokenIds};
 use super::timing::timing_headers;
+use crate::config::LongInputs;
 use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 use crate::input::{parse_inputs, Input};
@@ -47,6 +48,9 @@ pub(super) struct EmbedRequest {
     /// Matryoshka truncation to this many dimensions.
     #[serde(default)]
     dimensions: Option<i64>,
+    /// Inputs longer than the model: truncate or chunk (default: --long-inputs).
+    #[serde(default)]
+    long_inputs: Option<LongInputs>,
 }
 
 fn yes() -> bool {
@@ -71,6 +75,7 @@ pub(super) async fn embed(
         normalize: request.normalize,
         dimensions: request.dimensions,
         encoding: Encoding::Float32,
+        long_inputs: request.long_inputs,
     };
     let embedded = gateway.embed("tei", call).await?;
     let e = &embedded.vectors;
@@ -128,6 +133,7 @@ pub(super) async fn embed_sparse(
         normalize: false,
         dimensions: None,
         encoding: Encoding::Float32,
+        long_inputs: Some(LongInputs::Truncate),
     };
     let embedded = gateway.embed(SPARSE_ROUTE, call).await?;
     let e = &embedded.vectors;

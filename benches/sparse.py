@@ -1,0 +1,95 @@
+"""SPLADE's batch speed over HTTP (a real ivy-serve, TEI's /embed_sparse) against
+sentence-transformers' `SparseEncoder.encode` on the same texts, in alternating slices.
+
+    python benches/sparse.py                                 # CPU: BERT-base widths, 4 of 12 layers
+    python benches/sparse.py --device cuda --layers 0        # the full depth, bf16 on both sides
+
+Random weights in naver/splade-cocondenser-ensembledistil's widths (tests/support.py's
+save_splade: a BertForMaskedLM saved as SparseEncoder saves it, the MiniLM tokenizer's 30,522
+ids). Documents: prose of 32-256 tokens. Each slice embeds every document once; the figure is
+the median of the slices' ratios (server tokens/s over SparseEncoder's in the slice beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from corpus import passages  # noqa: E402
+from support import SPLADE_BASE, save_splade, start_server  # noqa: E402
+
+
+def sparse_batches(url: str, texts: list[str], batch: int, concurrency: int) -> tuple[float, int]:
+    """Seconds and tokens to embed `texts` over /embed_sparse in client batches, some in flight."""
+    session = requests.Session()
+
+    def post(chunk: list[str]) -> int:
+        response = session.post(f"{url}/embed_sparse", json={"inputs": chunk, "truncate": True}, timeout=600)
+        response.raise_for_status()
+        return int(response.headers["x-compute-tokens"])
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        tokens = sum(pool.map(post, [texts[i : i + batch] for i in range(0, len(texts), batch)]))
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--layers", type=int, default=4, help="layers to keep (0: the published depth)")
+    p.add_argument("--docs", type=int, default=256)
+    p.add_argument("--slices", type=int, default=5)
+    p.add_argument("--batch", type=int, default=32)
+    args = p.parse_args()
+
+    sizes = dict(SPLADE_BASE) if args.layers == 0 else {**SPLADE_BASE, "num_hidden_layers": args.layers}
+    tmp = Path(tempfile.mkdtemp(prefix="sparse-"))
+    folder = save_splade(tmp / "splade", **sizes)
+
+    from sentence_transformers import SparseEncoder
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    count = lambda t: len(tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
+    texts = passages(args.docs, 32, 256, count)
+    on_gpu = args.device.startswith("cuda")
+    st = SparseEncoder(str(folder), device=args.device, model_kwargs={"dtype": torch.bfloat16} if on_gpu else {})
+    server = start_server(tmp, "--model", str(folder), "--device", args.device)
+    ratios, ours, theirs = [], [], []
+    try:
+        sparse_batches(server.url, texts[: args.batch * 2], args.batch, 4)  # warm-up
+        st.encode(texts[: args.batch * 2], batch_size=args.batch)
+        for s in range(args.slices):
+            seconds, tokens = sparse_batches(server.url, texts, args.batch, 4)
+            start = time.perf_counter()
+            st.encode(texts, batch_size=args.batch)
+            if on_gpu:
+                torch.cuda.synchronize()
+            st_seconds = time.perf_counter() - start
+            ours.append(tokens / seconds)
+            theirs.append(tokens / st_seconds)
+            ratios.append(ours[-1] / theirs[-1])
+            print(f"slice {s}: ivy-serve {ours[-1]:,.0f} tokens/s, SparseEncoder {theirs[-1]:,.0f}: "
+                  f"{ratios[-1]:.2f}x", flush=True)  # fmt: skip
+    finally:
+        server.stop()
+    print(f"\nSPLADE, BERT-base widths, {sizes['num_hidden_layers']} layers, {args.device}, {args.docs} documents "
+          f"of 32-256 tokens, client batches of {args.batch}, 4 in flight")  # fmt: skip
+    print(f"ivy-serve /embed_sparse: {statistics.median(ours):,.0f} tokens/s (median)")
+    print(f"SparseEncoder.encode: {statistics.median(theirs):,.0f} tokens/s (median)")
+    print(f"ratio, median of {args.slices} slices: {statistics.median(ratios):.2f}x "
+          f"({', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
