@@ -14,7 +14,7 @@ import requests
 from tokenizers import Tokenizer
 
 import rose
-from support import Server, start_server, varied_texts
+from support import Server, classifier_logits, pair_ids, plain_tokenizer, save_cross_encoder, start_server, varied_texts
 
 OVERLAP = 16
 
@@ -78,3 +78,25 @@ def test_the_default_server_chunks_when_a_request_asks(tmp_path: Path) -> None:
         assert chunked.status_code == 200 and len(chunked.json()[0]) == 384
     finally:
         plain.stop()
+
+
+def test_a_reranker_scores_a_long_document_by_its_best_window(tmp_path: Path) -> None:
+    folder = save_cross_encoder(tmp_path / "cross-encoder")
+    server = start_server(tmp_path, "--model", str(folder), "--long-inputs", "chunk")
+    try:
+        query = "what is the passage about"
+        body = {"query": query, "texts": [LONG, "a short document"], "raw_scores": True}
+        answer = requests.post(f"{server.url}/rerank", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        got = {r["index"]: r["score"] for r in answer.json()}
+    finally:
+        server.stop()
+    tokenizer = plain_tokenizer(folder)
+    tokenizer.enable_truncation(512, stride=32, strategy="only_second")
+    encoding = tokenizer.encode(query, LONG)
+    windows = [(w.ids, w.type_ids) for w in [encoding, *encoding.overflowing]]
+    assert len(windows) >= 2
+    logits = classifier_logits(folder, windows)[:, 0]
+    assert abs(got[0] - float(logits.max())) < 1e-4, (got[0], logits)
+    short = classifier_logits(folder, [pair_ids(folder, query, "a short document")])[0, 0]
+    assert abs(got[1] - float(short)) < 1e-4

@@ -55,9 +55,10 @@ def test_qwen3_06b_shape_matches_transformers(qwen3: tuple, backend: str) -> Non
 
 
 def test_fa2_serves_as_the_first_backend_a_new_engine_runs(qwen3: tuple) -> None:
-    # Found on the H200 (2026-12-02, benches/logs/h200-2026-12-02-flashinfer-switch.log): a new
-    # engine switched to fa2 before any other backend ran hit an illegal memory access; after
-    # torch's or fa3's steps it did not. Open in issue 43.
+    # Found on the H200 (benches/logs/h200-2026-12-03-fa2-first-step.log): fa2's first step
+    # under lazy graphs faults (illegal address) when an earlier FlashInfer backend was replaced
+    # unused, with a private workspace or the shared one; built with fa2 and never switched, or
+    # after torch's steps, or without graphs, it does not. Open in issue 43.
     engine = rose.Engine(qwen3[0].model_dir.path, device="cuda", verify=False, fused_decoder="off")
     sequences = qwen3[1]
     got = [with_backend(engine, "fa2").embed_ids(sequences) for _ in range(3)]

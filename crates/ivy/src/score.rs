@@ -8,6 +8,7 @@ use futures::future::try_join_all;
 use tokenizers::TruncationDirection;
 use tulip::proto::Encoding;
 
+use crate::config::LongInputs;
 use crate::error::IvyError;
 use crate::gateway::Gateway;
 use crate::input::Input;
@@ -30,6 +31,8 @@ pub struct RerankCall {
     pub max_tokens_per_doc: Option<usize>,
     /// Logits instead of probabilities (a score model's).
     pub raw_scores: bool,
+    /// None follows `--long-inputs`.
+    pub long_inputs: Option<LongInputs>,
 }
 
 /// One value a document (a score model's probability or logit, or an embedding model's cosine),
@@ -81,8 +84,10 @@ impl Gateway {
             max_doc_tokens: call.max_tokens_per_doc,
             rendered: self.rendered(call.instruction.as_deref())?,
             inline: bytes <= INLINE_BYTES,
+            overlap: (call.long_inputs.unwrap_or(self.args().long_inputs) == LongInputs::Chunk)
+                .then_some(self.args().chunk_overlap),
         });
-        let pairs = try_join_all(
+        let windows = try_join_all(
             call.documents
                 .into_iter()
                 .enumerate()
@@ -90,14 +95,18 @@ impl Gateway {
         )
         .await?;
         let tokenization = start.elapsed();
+        let counts: Vec<usize> = windows.iter().map(Vec::len).collect();
+        let pairs: Vec<Encoded> = windows.into_iter().flatten().collect();
         let tokens = pairs.iter().map(|e| e.ids.len()).sum();
-        let (scores, labels, mut timings) = self.score_encoded(pairs, call.raw_scores).await?;
+        let (window_scores, labels, mut timings) =
+            self.score_encoded(pairs, call.raw_scores).await?;
         if labels != 1 {
             return Err(IvyError::Unsupported(format!(
                 "{} scores {labels} labels; reranking needs one (use /predict)",
                 self.model().model_id
             )));
         }
+        let scores = best_windows(&window_scores, &counts);
         timings.characters = characters;
         Ok(self.finish(route, scores, tokens, tokenization, timings, start))
     }
@@ -135,8 +144,10 @@ impl Gateway {
                             max_doc_tokens: None,
                             rendered: None,
                             inline: false,
+                            overlap: None,
                         });
-                        self.tokenizer().encode_pair(i, second, options).await
+                        let mut window = self.tokenizer().encode_pair(i, second, options).await?;
+                        Ok::<_, IvyError>(window.remove(0))
                     }
                     None => {
                         let ids = self.tokenizer().encode(i, first, single).await?;
@@ -298,5 +309,30 @@ mod tests {
         );
         assert_eq!(rank(&scores, Some(2)), [(1, 0.9), (3, 0.9)]);
         assert_eq!(rank(&scores, Some(10)).len(), 4);
+    }
+}
+
+/// A document's score from its windows' (`counts[i]` windows a document, in order): the best.
+fn best_windows(scores: &[f32], counts: &[usize]) -> Vec<f32> {
+    let mut rest = scores;
+    (counts.iter())
+        .map(|&n| {
+            let (windows, after) = rest.split_at(n);
+            rest = after;
+            windows.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::best_windows;
+
+    #[test]
+    fn a_document_scores_its_best_window() {
+        assert_eq!(
+            best_windows(&[0.1, 0.7, 0.3, 0.2], &[1, 2, 1]),
+            vec![0.1, 0.7, 0.2]
+        );
     }
 }

@@ -42,6 +42,9 @@ pub struct PairOptions {
     pub rendered: Option<Rendered>,
     /// Tokenize on the caller's thread (see [`EncodeOptions::inline`]).
     pub inline: bool,
+    /// Cut a document past the limit into windows sharing this many tokens, each paired with
+    /// the query (`--long-inputs chunk`); None truncates or refuses it.
+    pub overlap: Option<usize>,
 }
 
 /// A causal reranker's prompt for one request: `content` holds `{query}` and `{document}` (the
@@ -93,7 +96,7 @@ enum Job {
         index: usize,
         document: String,
         options: Arc<PairOptions>,
-        reply: oneshot::Sender<Result<Encoded, IvyError>>,
+        reply: oneshot::Sender<Result<Vec<Encoded>, IvyError>>,
     },
 }
 
@@ -197,16 +200,17 @@ impl TokenizerPool {
         answer.await.map_err(|_| stopped())?
     }
 
-    /// The sequence of the pair (`options.query`, `document`); `index` names the document in
+    /// The sequence of the pair (`options.query`, `document`), or with `options.overlap` the
+    /// windows of a long document each paired with the query; `index` names the document in
     /// error messages.
     pub async fn encode_pair(
         &self,
         index: usize,
         document: String,
         options: Arc<PairOptions>,
-    ) -> Result<Encoded, IvyError> {
+    ) -> Result<Vec<Encoded>, IvyError> {
         if options.inline {
-            return self.inline(|worker| worker.encode_pair(index, &document, &options));
+            return self.inline(|worker| worker.pair_windows(index, &document, &options));
         }
         let (reply, answer) = oneshot::channel();
         self.submit(Job::EncodePair {
@@ -332,7 +336,7 @@ impl Worker {
                 options,
                 reply,
             } => {
-                let _ = reply.send(self.encode_pair(index, &document, &options));
+                let _ = reply.send(self.pair_windows(index, &document, &options));
             }
         }
         self.busy_microseconds
@@ -389,6 +393,53 @@ impl Worker {
             .map_err(|e| IvyError::Tokenizer(format!("an input could not be tokenized: {e}")))?;
         let windows = std::iter::once(&encoding).chain(encoding.get_overflowing());
         Ok(windows.map(|w| w.get_ids().to_vec()).collect())
+    }
+
+    fn pair_windows(
+        &mut self,
+        index: usize,
+        document: &str,
+        options: &PairOptions,
+    ) -> Result<Vec<Encoded>, IvyError> {
+        // A causal reranker's prompt has the query before the document: its windows would lose
+        // it, so such a reranker truncates its documents instead.
+        let Some(overlap) = options.overlap.filter(|_| options.rendered.is_none()) else {
+            let truncate = options.truncate || options.overlap.is_some();
+            let options = PairOptions {
+                truncate,
+                ..options.clone()
+            };
+            return Ok(vec![self.encode_pair(index, document, &options)?]);
+        };
+        let document = match options.max_doc_tokens {
+            Some(max) => self.cut(document, max)?,
+            None => document,
+        };
+        let limit = self.max_input_length;
+        let params = TruncationParams {
+            direction: TruncationDirection::Right,
+            max_length: limit,
+            strategy: TruncationStrategy::OnlySecond,
+            stride: overlap.min(limit / 4),
+        };
+        self.tokenizer
+            .with_truncation(Some(params))
+            .map_err(|e| IvyError::Tokenizer(format!("cannot cut windows: {e}")))?;
+        // Not encode_fast: its overflowing windows of a pair come with their type ids all 0.
+        let encoding = (self.tokenizer)
+            .encode((&*options.query, document), true)
+            .map_err(|e| {
+                IvyError::Validation(format!(
+                    "the query does not leave room for document {index} within the model's limit of {limit} tokens: {e}"
+                ))
+            })?;
+        let windows = std::iter::once(&encoding).chain(encoding.get_overflowing());
+        Ok(windows
+            .map(|w| Encoded {
+                ids: w.get_ids().to_vec(),
+                types: Some(w.get_type_ids().to_vec()),
+            })
+            .collect())
     }
 
     fn encode_pair(
@@ -672,6 +723,7 @@ mod tests {
             max_doc_tokens,
             rendered: None,
             inline: false,
+            overlap: None,
         })
     }
 
@@ -681,13 +733,15 @@ mod tests {
         let full = pool
             .encode_pair(0, "c d".into(), pair("a b", false, None))
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
         assert_eq!(full.ids, [1, 4, 5, 2, 6, 7, 2]);
         assert_eq!(full.types, Some(vec![0, 0, 0, 0, 1, 1, 1]));
         let cut = pool
             .encode_pair(0, "c d e e".into(), pair("a b", true, None))
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
         assert_eq!(cut.ids, [1, 4, 5, 2, 6, 7, 8, 2]);
         let err = pool
             .encode_pair(2, "c d e e".into(), pair("a b", false, None))
@@ -706,8 +760,30 @@ mod tests {
         let capped = pool
             .encode_pair(0, "c d e".into(), pair("a", false, Some(1)))
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
         assert_eq!(capped.ids, [1, 4, 2, 6, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_long_document_is_paired_with_the_query_in_overlapping_windows() {
+        let pool = TokenizerPool::new(tokenizer(), 1, 8);
+        let options = Arc::new(PairOptions {
+            overlap: Some(1),
+            ..(*pair("a", false, None)).clone()
+        });
+        let windows = pool
+            .encode_pair(0, "c d e c d".into(), options)
+            .await
+            .unwrap();
+        // Every window's document part has type 1, the later windows' too.
+        assert_eq!(windows[1].types, Some(vec![0, 0, 0, 1, 1, 1]));
+        let ids: Vec<Vec<u32>> = windows.into_iter().map(|w| w.ids).collect();
+        // [CLS] a [SEP] + 4 document tokens + [SEP], the next window repeating one token.
+        assert_eq!(
+            ids,
+            vec![vec![1, 4, 2, 6, 7, 8, 6, 2], vec![1, 4, 2, 6, 7, 2]]
+        );
     }
 
     #[tokio::test]
@@ -727,7 +803,8 @@ mod tests {
         let got = pool
             .encode_pair(0, "b c".into(), options(false))
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
         assert_eq!(
             got,
             Encoded {
@@ -738,7 +815,8 @@ mod tests {
         let cut = pool
             .encode_pair(0, "b c d e".into(), options(true))
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
         assert_eq!(cut.ids, [3, 8, 4, 5, 6, 7, 2]);
         assert!(pool
             .encode_pair(0, "b c d e".into(), options(false))

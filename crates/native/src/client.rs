@@ -219,6 +219,7 @@ impl GatewayClient {
             truncate: Some(truncate),
             max_tokens_per_doc,
             raw_scores,
+            long_inputs: None,
         };
         let scored = py
             .detach(|| self.runtime.block_on(self.gateway.rerank("python", call)))

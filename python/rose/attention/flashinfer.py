@@ -21,8 +21,7 @@ _SMALLEST_HEAD_DIM = 64
 @functools.cache
 def shared_workspace(device: torch.device) -> torch.Tensor:
     """The device's one float workspace, which every wrapper shares (FlashInfer's advice: they
-    never run at once). A new backend with a workspace of its own, after an earlier one was
-    dropped unused, faulted in its first step (illegal address); sharing also saves the memory."""
+    never run at once), rather than 512 MiB more for each backend `auto` or a switch makes."""
     return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 

@@ -13,6 +13,7 @@ use super::cohere::rand_id;
 use super::schema::Document;
 use super::tei::direction;
 use super::timing::timing_headers;
+use crate::config::LongInputs;
 use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 use crate::score::{rank, RerankCall};
@@ -32,6 +33,10 @@ pub(super) struct TeiRerankRequest {
     raw_scores: bool,
     #[serde(default)]
     return_text: bool,
+    /// Documents longer than the model: truncate, or chunk (scored by their best window);
+    /// default: --long-inputs.
+    #[serde(default)]
+    long_inputs: Option<LongInputs>,
 }
 
 /// A text's place: its index in `texts` and its score.
@@ -61,6 +66,7 @@ pub(super) async fn tei(
         documents: request.texts.clone(),
         truncate: request.truncate,
         raw_scores: request.raw_scores,
+        long_inputs: request.long_inputs,
         ..RerankCall::default()
     };
     let scored = gateway.rerank("tei_rerank", call).await?;
@@ -183,6 +189,7 @@ async fn cohere(
         truncate: Some(true),
         max_tokens_per_doc,
         raw_scores: false,
+        long_inputs: None,
     };
     let scored = gateway.rerank("cohere_rerank", call).await?;
     let results = rank(&scored.scores, top_n)
