@@ -29,7 +29,6 @@ VALID = {
     "/v1/embeddings": {"input": ["hello world", "a second text"], "model": "m", "encoding_format": "float",
                        "dimensions": 32},
     "/embed": {"inputs": ["hello world"], "normalize": True, "truncate": True, "prompt_name": None},
-    "/embed_sparse": {"inputs": ["hello world"], "truncate": True, "top_k": 8, "min_value": 0.1},
     "/v2/embed": {"texts": ["hello"], "model": "m", "input_type": "search_query", "embedding_types": ["float"]},
     "/tokenize": {"inputs": ["hello world"], "add_special_tokens": True},
     "/decode": {"ids": [101, 7592, 2088, 102], "skip_special_tokens": True},
