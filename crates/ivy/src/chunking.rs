@@ -25,13 +25,8 @@ pub fn combine(raw: &[f32], width: usize, windows: &[Vec<usize>], shape: Shape) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replicas::floats;
     use tulip::proto::Encoding;
-
-    fn floats(bytes: &[u8]) -> Vec<f32> {
-        (bytes.chunks(4))
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect()
-    }
 
     #[test]
     fn windows_are_averaged_by_their_tokens_and_a_single_window_is_kept() {

@@ -14,7 +14,7 @@ use crate::config::LongInputs;
 use crate::error::IvyError;
 use crate::gateway::Gateway;
 use crate::input::Input;
-use crate::replicas::{ChunkTimes, VectorShape, Vectors};
+use crate::replicas::{floats, ChunkTimes, VectorShape, Vectors};
 use crate::tokenization::{EncodeOptions, INLINE_BYTES};
 
 /// The route of sparse vectors (TEI's /embed_sparse): the one a SPLADE model answers, and the
@@ -149,9 +149,7 @@ impl Gateway {
         };
         let (window_vectors, times) = self.replicas().embed(&sequences, &[], raw).await?;
         let width = window_vectors.dimensions;
-        let floats: Vec<f32> = (window_vectors.data.chunks_exact(4))
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let floats = floats(&window_vectors.data);
         let dimensions = if shape.dimensions == 0 {
             width
         } else {

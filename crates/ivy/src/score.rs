@@ -12,6 +12,7 @@ use crate::config::LongInputs;
 use crate::error::IvyError;
 use crate::gateway::Gateway;
 use crate::input::Input;
+use crate::replicas::floats;
 use crate::request::{EmbedCall, Timings};
 use crate::template::PairTemplate;
 use crate::tokenization::{EncodeOptions, Encoded, PairOptions, Rendered, INLINE_BYTES};
@@ -287,13 +288,6 @@ pub fn rank(scores: &[f32], top_n: Option<usize>) -> Vec<(usize, f32)> {
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
     ranked.truncate(top_n.unwrap_or(ranked.len()));
     ranked
-}
-
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
 }
 
 #[cfg(test)]

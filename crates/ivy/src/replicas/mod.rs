@@ -50,6 +50,13 @@ impl Vectors {
     }
 }
 
+/// Float32 values from their little-endian bytes (a float32 row of [`Vectors`]).
+pub fn floats(bytes: &[u8]) -> Vec<f32> {
+    (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 /// Where the slowest chunk of a batch spent its time on the Tulip side.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ChunkTimes {

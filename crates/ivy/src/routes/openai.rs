@@ -18,6 +18,7 @@ use crate::config::LongInputs;
 use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 use crate::input::parse_inputs;
+pub(super) use crate::replicas::floats;
 use crate::request::EmbedCall;
 
 /// OpenAI's embeddings request, with vLLM's `embed_dtype` and `endianness` for the raw encodings.
@@ -278,12 +279,4 @@ pub(super) async fn models(State(gateway): State<Gateway>) -> Json<ModelList> {
         object: "list",
         data: gateway.all().into_iter().map(card).collect(),
     })
-}
-
-/// Little-endian float32 bytes as floats.
-pub(super) fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
 }
