@@ -23,12 +23,13 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support import Server, save_cross_encoder, start_server
+from support import Server, save_cross_encoder, save_splade, start_server
 
 VALID = {
     "/v1/embeddings": {"input": ["hello world", "a second text"], "model": "m", "encoding_format": "float",
                        "dimensions": 32},
     "/embed": {"inputs": ["hello world"], "normalize": True, "truncate": True, "prompt_name": None},
+    "/embed_sparse": {"inputs": ["hello world"], "truncate": True, "top_k": 8, "min_value": 0.1},
     "/v2/embed": {"texts": ["hello"], "model": "m", "input_type": "search_query", "embedding_types": ["float"]},
     "/tokenize": {"inputs": ["hello world"], "add_special_tokens": True},
     "/decode": {"ids": [101, 7592, 2088, 102], "skip_special_tokens": True},
@@ -39,6 +40,12 @@ VALID = {
     "/v2/rerank": {"query": "q", "documents": ["a", "b"], "top_n": 2, "model": "m", "max_tokens_per_doc": 64},
 }  # fmt: skip
 SCORING_ROUTES = ("/predict", "/rerank", "/v1/rerank", "/v2/rerank")
+SPARSE_ROUTES = ("/embed_sparse",)
+
+
+def server_for(route: str) -> str:
+    """Which of the fuzzed servers serves `route`: a cross-encoder, a SPLADE model or the default embedder."""
+    return "score" if route in SCORING_ROUTES else "sparse" if route in SPARSE_ROUTES else "embed"
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=40),
@@ -92,8 +99,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     logs = tmp_path_factory.mktemp("fuzz")
     embedder = start_server(logs, "--auto-truncate")
     scorer = start_server(logs, "--model", str(save_cross_encoder(logs / "ce")))
-    yield {"embed": embedder, "score": scorer}
-    for server in (embedder, scorer):
+    sparse = start_server(logs, "--model", str(save_splade(logs / "splade")), "--auto-truncate")
+    yield {"embed": embedder, "score": scorer, "sparse": sparse}
+    for server in (embedder, scorer, sparse):
         alive = server.process.poll() is None
         server.stop()
         assert alive, server.log.read_text()[-3000:]
@@ -104,7 +112,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
 def test_mutated_http_bodies_never_get_a_5xx(
     route: str, servers: dict[str, Server], request: pytest.FixtureRequest
 ) -> None:
-    server = servers["score" if route in SCORING_ROUTES else "embed"]
+    server = servers[server_for(route)]
     session = requests.Session()
     seen: dict[int, int] = {}
 
