@@ -586,3 +586,28 @@ def save_splade(folder: Path, **sizes: int) -> Path:
     AutoTokenizer.from_pretrained(rose.default_model_path()).save_pretrained(plain)
     SparseEncoder(str(plain)).save(str(folder))
     return folder
+
+
+def save_bge_m3(folder: Path, **sizes: int) -> Path:
+    """A random XLMRobertaModel saved as BGE-M3 is published: sentence-transformers' Transformer,
+    CLS Pooling and Normalize, beside FlagEmbedding's `colbert_linear.pt` and `sparse_linear.pt`
+    (all-MiniLM-L6-v2's vocabulary behind the encoder, as the XLM-R cross-encoder here has)."""
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    torch.manual_seed(7)
+    tiny = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    config = XLMRobertaConfig(**{**tiny, **sizes}, vocab_size=30522, max_position_embeddings=514, type_vocab_size=1)
+    model = XLMRobertaModel(config, add_pooling_layer=False).eval()
+    plain = folder.parent / f"{folder.name}-xlmr"
+    model.save_pretrained(plain)
+    minilm = rose.default_model_path()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        (plain / name).write_bytes((minilm / name).read_bytes())
+    save_as_sentence_transformer(folder, plain, "cls", 512)
+    hidden = config.hidden_size
+    colbert, sparse = torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, 1)
+    with torch.no_grad():
+        sparse.bias.fill_(0.05)  # about half the tokens get a positive weight, as trained ones do
+    torch.save(colbert.state_dict(), folder / "colbert_linear.pt")
+    torch.save(sparse.state_dict(), folder / "sparse_linear.pt")
+    return folder

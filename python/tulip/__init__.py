@@ -77,6 +77,38 @@ class Client:
         """`embed`'s answer as it comes: (packed bytes, rows, dimensions, tokens embedded)."""
         return self._native.embed_raw(inputs, **options)
 
+    def encode(
+        self,
+        inputs: Inputs,
+        outputs: Sequence[str] = ("dense",),
+        *,
+        normalize: bool = True,
+        truncate: bool = True,
+        prompt_name: str | None = None,
+        top_k: int | None = None,
+        min_value: float = 0.0,
+    ) -> dict[str, Any]:
+        """Several outputs of text(s) or token-id list(s) from one forward pass (`outputs`: any of
+        `info()["outputs"]`). Returns, by output: "dense" float32 [len(inputs), dimensions];
+        "sparse" {"offsets", "indices", "values"} (input i's entries at offsets[i]:offsets[i + 1]);
+        "multi_vector" and "tokens" {"data": float32 [rows, dimensions], "offsets"} (input i's rows
+        at offsets[i]:offsets[i + 1]). Sparse vectors keep the `top_k` largest entries of at least
+        `min_value`."""
+        raw = self._native.encode_raw(inputs, list(outputs), normalize=normalize, truncate=truncate,
+                                      prompt_name=prompt_name, top_k=top_k, min_value=min_value)  # fmt: skip
+        out: dict[str, Any] = {}
+        for name in ("dense", "multi_vector", "tokens"):
+            if name in raw:
+                data, dimensions, offsets = raw[name]
+                rows = np.frombuffer(data, dtype=np.float32).reshape(-1, dimensions)
+                out[name] = rows if name == "dense" else {"data": rows, "offsets": np.asarray(offsets, dtype=np.int64)}
+        if "sparse" in raw:
+            offsets, indices, values = raw["sparse"]
+            out["sparse"] = {"offsets": np.asarray(offsets, dtype=np.int64),
+                             "indices": np.asarray(indices, dtype=np.uint32),
+                             "values": np.asarray(values, dtype=np.float32)}  # fmt: skip
+        return out
+
     def rerank(
         self,
         query: str,

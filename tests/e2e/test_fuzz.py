@@ -47,6 +47,7 @@ def server_for(route: str) -> str:
     """Which of the fuzzed servers serves `route`: a cross-encoder, a SPLADE model or the default embedder."""
     return "score" if route in SCORING_ROUTES else "sparse" if route in SPARSE_ROUTES else "embed"
 
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=40),
     lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=10), children, max_size=5),

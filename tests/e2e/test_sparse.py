@@ -72,7 +72,7 @@ def test_dense_routes_refuse_a_splade_model_and_embed_sparse_a_dense_one(
     minilm = start_server(tmp_path)
     try:
         sparse = requests.post(f"{minilm.url}/embed_sparse", json={"inputs": "x"}, timeout=60)
-        assert sparse.status_code == 400 and "no sparse head" in sparse.json()["error"], sparse.text
+        assert sparse.status_code == 400 and "no sparse output" in sparse.json()["error"], sparse.text
         assert requests.post(f"{minilm.url}/embed", json={"inputs": "x"}, timeout=60).status_code == 200
     finally:
         minilm.stop()

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod chunking;
 pub mod config;
+pub mod encode;
 pub mod error;
 pub mod gateway;
 pub mod http;
@@ -18,7 +19,6 @@ pub mod replicas;
 pub mod request;
 pub mod routes;
 pub mod score;
-pub mod sparse;
 pub mod startup;
 pub mod template;
 pub mod tokenization;

@@ -17,10 +17,6 @@ use crate::input::Input;
 use crate::replicas::{floats, ChunkTimes, VectorShape, Vectors};
 use crate::tokenization::{EncodeOptions, INLINE_BYTES};
 
-/// The route of sparse vectors (TEI's /embed_sparse): the one a SPLADE model answers, and the
-/// one only it answers.
-pub const SPARSE_ROUTE: &str = "tei_sparse";
-
 /// What a route asks of the shared path.
 #[derive(Debug, Clone)]
 pub struct EmbedCall {
@@ -65,23 +61,32 @@ impl Timings {
     }
 }
 
+/// How a request's texts are tokenized.
+#[derive(Debug, Clone, Copy)]
+pub struct TextOptions<'a> {
+    pub prompt_name: Option<&'a str>,
+    /// None follows `--auto-truncate`.
+    pub truncate: Option<bool>,
+    pub direction: TruncationDirection,
+}
+
 impl Gateway {
-    /// Validates, tokenizes and embeds the inputs of one request.
-    pub async fn embed(&self, route: &'static str, call: EmbedCall) -> Result<Embedded, IvyError> {
-        let start = Instant::now();
-        let _permit = self.admit()?;
-        self.require_task("embed")?;
-        self.require_output(route == SPARSE_ROUTE)?;
-        self.check_batch_size(call.inputs.len())?;
-        let dimensions = self.check_dimensions(call.dimensions)?;
-        let prompt: Arc<str> = self.prompt(call.prompt_name.as_deref())?.into();
-        let characters = (call.inputs.iter())
+    /// The token ids of each input (with `chunked`, the windows of one longer than the model's
+    /// limit), and the characters of text the request sent.
+    pub(crate) async fn tokenize(
+        &self,
+        inputs: Vec<Input>,
+        text: TextOptions<'_>,
+        chunked: bool,
+    ) -> Result<(Vec<Vec<Vec<u32>>>, usize), IvyError> {
+        let prompt: Arc<str> = self.prompt(text.prompt_name)?.into();
+        let characters = (inputs.iter())
             .map(|input| match input {
                 Input::Text(text) => text.chars().count(),
                 Input::Ids(_) => 0,
             })
             .sum();
-        let text_bytes: usize = (call.inputs.iter())
+        let text_bytes: usize = (inputs.iter())
             .map(|input| match input {
                 Input::Text(text) => prompt.len() + text.len(),
                 Input::Ids(_) => 0,
@@ -89,17 +94,34 @@ impl Gateway {
             .sum();
         let options = Arc::new(EncodeOptions {
             prompt,
-            truncate: call.truncate.unwrap_or(self.args().auto_truncate),
-            direction: call.direction,
+            truncate: text.truncate.unwrap_or(self.args().auto_truncate),
+            direction: text.direction,
             add_special_tokens: true,
             inline: text_bytes <= INLINE_BYTES,
         });
-        let chunked = call.long_inputs.unwrap_or(self.args().long_inputs) == LongInputs::Chunk;
         let windows = try_join_all(
-            (call.inputs.into_iter().enumerate())
+            (inputs.into_iter().enumerate())
                 .map(|(i, input)| self.windows(i, input, &options, chunked)),
         )
         .await?;
+        Ok((windows, characters))
+    }
+
+    /// Validates, tokenizes and embeds the inputs of one request.
+    pub async fn embed(&self, route: &'static str, call: EmbedCall) -> Result<Embedded, IvyError> {
+        let start = Instant::now();
+        let _permit = self.admit()?;
+        self.require_task("embed")?;
+        self.require_dense()?;
+        self.check_batch_size(call.inputs.len())?;
+        let dimensions = self.check_dimensions(call.dimensions)?;
+        let chunked = call.long_inputs.unwrap_or(self.args().long_inputs) == LongInputs::Chunk;
+        let text = TextOptions {
+            prompt_name: call.prompt_name.as_deref(),
+            truncate: call.truncate,
+            direction: call.direction,
+        };
+        let (windows, characters) = self.tokenize(call.inputs, text, chunked).await?;
         let tokenization = start.elapsed();
         let tokens = windows.iter().flatten().map(Vec::len).sum();
         let shape = VectorShape {
@@ -238,24 +260,20 @@ impl Gateway {
         Ok(ids)
     }
 
-    /// Refuses a request of the other task, naming the model's: an embedding route asked of a
-    /// score model (a reranker), or a score route of an embedding model.
-    /// Dense routes need a dense model, /embed_sparse a SPLADE one.
-    fn require_output(&self, sparse: bool) -> Result<(), IvyError> {
+    /// Dense routes need a model with a dense vector (a SPLADE model's are sparse).
+    fn require_dense(&self) -> Result<(), IvyError> {
         let model = self.model();
-        match (model.pooling == "splade", sparse) {
-            (true, false) => Err(IvyError::Unsupported(format!(
+        if model.pooling == "splade" {
+            return Err(IvyError::Unsupported(format!(
                 "{} is a SPLADE model: its vectors are sparse, served by /embed_sparse",
                 model.model_id
-            ))),
-            (false, true) => Err(IvyError::Unsupported(format!(
-                "{} has no sparse head: /embed_sparse serves SPLADE models (SpladePooling)",
-                model.model_id
-            ))),
-            _ => Ok(()),
+            )));
         }
+        Ok(())
     }
 
+    /// Refuses a request of the other task, naming the model's: an embedding route asked of a
+    /// score model (a reranker), or a score route of an embedding model.
     pub(crate) fn require_task(&self, task: &str) -> Result<(), IvyError> {
         let model = self.model();
         if model.task == task {

@@ -4,16 +4,18 @@
 use std::time::Duration;
 
 use clap::Parser;
+use ivy::encode::EncodeCall;
 use ivy::input::Input;
-use ivy::request::EmbedCall;
+use ivy::request::{EmbedCall, TextOptions};
 use ivy::score::{rank, RerankCall};
 use ivy::tokenization::TruncationDirection;
 use ivy::{Gateway, IvyArgs, IvyError, Tulips};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 use tokio::runtime::Runtime;
-use tulip::proto::Encoding;
+use tulip::proto::{Encoding, Output, TokenVectors};
+use tulip::sparse::Pruning;
 use tulip::{ApiKeys, TulipArgs, TulipClient};
 
 use crate::engine::EngineArgs;
@@ -194,6 +196,64 @@ impl GatewayClient {
             v.dimensions,
             embedded.tokens,
         ))
+    }
+
+    /// Several outputs of `inputs` from one pass (`outputs`: names of ModelInfo.outputs); returns
+    /// a dict by output: dense, multi_vector and tokens as (float32 bytes, dimensions, row offsets
+    /// a sequence), sparse as (offsets, indices, values), and "tokens_embedded".
+    #[pyo3(signature = (inputs, outputs, *, normalize = true, truncate = true, prompt_name = None, top_k = None, min_value = 0.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_raw<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Inputs,
+        outputs: Vec<String>,
+        normalize: bool,
+        truncate: bool,
+        prompt_name: Option<String>,
+        top_k: Option<usize>,
+        min_value: f32,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let outputs = (outputs.iter())
+            .map(|name| {
+                Output::from_str_name(&name.to_ascii_uppercase()).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "unknown output {name:?}; use dense, sparse, multi_vector or tokens"
+                    ))
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let call = EncodeCall {
+            inputs: inputs.into_inputs(),
+            text: TextOptions {
+                prompt_name: prompt_name.as_deref(),
+                truncate: Some(truncate),
+                direction: TruncationDirection::Right,
+            },
+            outputs,
+            normalize,
+            pruning: Pruning { top_k, min_value },
+        };
+        let encoded = py
+            .detach(|| self.runtime.block_on(self.gateway.encode("python", call)))
+            .map_err(to_py)?;
+        let out = PyDict::new(py);
+        let o = encoded.outputs;
+        let rows = |v: TokenVectors| (PyBytes::new(py, &v.data), v.dimensions, v.offsets);
+        if let Some(v) = o.dense {
+            out.set_item("dense", rows(v))?;
+        }
+        if let Some(v) = o.multi_vector {
+            out.set_item("multi_vector", rows(v))?;
+        }
+        if let Some(v) = o.tokens {
+            out.set_item("tokens", rows(v))?;
+        }
+        if let Some(v) = o.sparse {
+            out.set_item("sparse", (v.offsets, v.indices, v.values))?;
+        }
+        out.set_item("tokens_embedded", encoded.tokens)?;
+        Ok(out)
     }
 
     /// The documents ranked against `query`, best first (Ivy's `score::rank`): (index, score) for

@@ -231,7 +231,7 @@ impl Engine for Rose {
             let lazy = self
                 .engine
                 .bind(py)
-                .call_method1("step", (ids, cu_seqlens, types))
+                .call_method1("step", (ids, cu_seqlens, types, batch.per_token))
                 .map_err(|e| engine_error(py, e))?;
             Ok(RoseResult {
                 lazy: lazy.unbind(),

@@ -114,6 +114,18 @@ impl TulipClient {
     }
 
     /// Scores tokenized sequences (a score model's).
+    /// Several outputs of tokenized sequences from one pass (ModelInfo.outputs says which).
+    pub async fn encode(
+        &self,
+        request: proto::EncodeRequest,
+    ) -> Result<proto::EncodeResponse, TulipError> {
+        let response = match &self.transport {
+            Transport::Grpc(grpc) => grpc.raw.clone().encode(grpc.request(request)).await?,
+            Transport::InProcess(service) => service.encode(Request::new(request)).await?,
+        };
+        Ok(response.into_inner())
+    }
+
     pub async fn score(
         &self,
         request: proto::ScoreRequest,

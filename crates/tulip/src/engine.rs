@@ -14,6 +14,8 @@ pub struct Batch {
     pub cu_seqlens: Vec<u32>,
     /// One per token id once any sequence has them (the others' are 0); empty: all 0.
     pub token_type_ids: Vec<u32>,
+    /// The engine answers a row a token (ModelInfo's token row layout), not a row a sequence.
+    pub per_token: bool,
 }
 
 impl Batch {
@@ -48,7 +50,8 @@ impl Batch {
     }
 }
 
-/// Pooled, unnormalized float32 vectors of one batch on the host, row-major `[rows, dim]`.
+/// Pooled, unnormalized float32 vectors of one batch on the host, row-major `[rows, dim]` (a
+/// token step's: a row a token).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pooled {
     pub dim: usize,

@@ -10,10 +10,12 @@ pub mod config;
 pub mod deadline;
 pub mod engine;
 pub mod error;
+pub mod outputs;
 pub mod packing;
 pub mod postprocess;
 pub mod scheduler;
 pub mod server;
+pub mod sparse;
 pub mod trace_context;
 
 /// Types generated from `protos/tulip.proto`.

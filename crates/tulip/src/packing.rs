@@ -46,14 +46,18 @@ pub trait Queued {
     fn tokens(&self) -> usize;
     /// False once nobody waits for its result any more; it is then dropped unserved.
     fn is_wanted(&self) -> bool;
+    /// Whether it wants a row a token (a token step): a batch holds one kind of step only.
+    fn per_token(&self) -> bool {
+        false
+    }
 }
 
 /// Takes entries from the front of `queue` in arrival order until the next one would break the
 /// budget. Entries nobody waits for are dropped on the way. The first wanted entry is always
 /// taken, even over budget, so that the queue cannot stall.
 ///
-/// Packing stops at the first entry that does not fit rather than skipping ahead to a smaller
-/// one: later arrivals never overtake earlier ones.
+/// Packing stops at the first entry that does not fit, or that wants the other kind of step,
+/// rather than skipping ahead to one that would: later arrivals never overtake earlier ones.
 pub fn take_batch<T: Queued>(queue: &mut VecDeque<T>, budget: Budget) -> Vec<T> {
     let mut batch = Vec::new();
     fill(&mut batch, queue, budget);
@@ -83,7 +87,10 @@ fn fill<T: Queued>(batch: &mut Vec<T>, queue: &mut VecDeque<T>, budget: Budget) 
             queue.pop_front();
             continue;
         }
-        if !budget.admits(tokens, batch.len(), next.tokens()) {
+        let other_kind = batch
+            .first()
+            .is_some_and(|b| b.per_token() != next.per_token());
+        if other_kind || !budget.admits(tokens, batch.len(), next.tokens()) {
             break;
         }
         tokens += next.tokens();
@@ -100,6 +107,7 @@ mod tests {
         id: usize,
         tokens: usize,
         wanted: bool,
+        per_token: bool,
     }
 
     impl Queued for Seq {
@@ -108,6 +116,9 @@ mod tests {
         }
         fn is_wanted(&self) -> bool {
             self.wanted
+        }
+        fn per_token(&self) -> bool {
+            self.per_token
         }
     }
 
@@ -119,6 +130,7 @@ mod tests {
                 id,
                 tokens,
                 wanted: true,
+                per_token: false,
             })
             .collect()
     }
@@ -177,6 +189,16 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_holds_one_kind_of_step_and_the_next_kind_waits_its_turn() {
+        let mut q = queue(&[10, 10, 10, 10]);
+        q[1].per_token = true;
+        q[2].per_token = true;
+        assert_eq!(ids(&take_batch(&mut q, BUDGET)), [0]);
+        assert_eq!(ids(&take_batch(&mut q, BUDGET)), [1, 2]);
+        assert_eq!(ids(&take_batch(&mut q, BUDGET)), [3]);
+    }
+
+    #[test]
     fn split_cuts_lengths_by_the_same_rule() {
         let budget = |max_tokens, max_sequences| Budget {
             max_tokens,
@@ -212,6 +234,7 @@ mod tests {
                 id,
                 tokens,
                 wanted: true,
+                per_token: false,
             })
             .collect();
         let batch = take_batch_small_first(&mut small, &mut bulk, BUDGET);

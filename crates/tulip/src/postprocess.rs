@@ -61,6 +61,12 @@ pub fn score_row(logits: &[f32], raw: bool, out: &mut Vec<f32>) {
     }
 }
 
+/// `v` scaled to unit length (an all-zero vector stays zero).
+pub fn normalized(v: &[f32]) -> Vec<f32> {
+    let scale = inverse_norm(v);
+    v.iter().map(|x| x * scale).collect()
+}
+
 fn inverse_norm(v: &[f32]) -> f32 {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     // Same guard as torch.nn.functional.normalize: an all-zero vector stays zero.

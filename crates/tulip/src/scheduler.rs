@@ -135,6 +135,9 @@ pub struct Sequences {
     /// One per token id, or empty (all 0).
     pub token_type_ids: Vec<u32>,
     pub offsets: Vec<usize>,
+    /// A row a token in the answer (sequence i's at rows `offsets[i]..offsets[i + 1]`), from the
+    /// engine's token step, instead of a row a sequence.
+    pub per_token: bool,
 }
 
 /// One request: several sequences answered together.
@@ -194,17 +197,22 @@ impl Job {
         self.state().started.get_or_insert(at);
     }
 
-    fn complete_row(&self, index: usize, row: &[f32]) {
+    /// Sequence `index`'s rows (one, or with `per_token` one a token) of `dim` values each.
+    fn complete(&self, index: usize, rows: &[f32], dim: usize) {
         let mut state = self.state();
         if state.reply.is_none() {
             return;
         }
+        let s = &self.sequences;
+        let (total, first) = match s.per_token {
+            true => (s.token_ids.len(), s.offsets[index]),
+            false => (self.sequences(), index),
+        };
         if state.data.is_empty() {
-            state.dim = row.len();
-            state.data = vec![0.0; row.len() * self.sequences()];
+            state.dim = dim;
+            state.data = vec![0.0; dim * total];
         }
-        let dim = state.dim;
-        state.data[index * dim..(index + 1) * dim].copy_from_slice(row);
+        state.data[first * dim..first * dim + rows.len()].copy_from_slice(rows);
         state.remaining -= 1;
         if state.remaining == 0 {
             let now = Instant::now();
@@ -249,6 +257,10 @@ impl Queued for Sequence {
             .as_ref()
             .is_some_and(|reply| !reply.is_closed())
     }
+
+    fn per_token(&self) -> bool {
+        self.job.sequences.per_token
+    }
 }
 
 struct InFlight<P> {
@@ -292,7 +304,10 @@ fn engine_loop<E: Engine>(
         if members.is_empty() {
             continue;
         }
-        let mut batch = Batch::default();
+        let mut batch = Batch {
+            per_token: members[0].per_token(),
+            ..Batch::default()
+        };
         let started = Instant::now();
         for seq in &members {
             batch.push(seq.job.tokens(seq.index), seq.job.types(seq.index));
@@ -336,12 +351,33 @@ fn enqueue(small: &mut VecDeque<Sequence>, bulk: &mut VecDeque<Sequence>, job: A
     }));
 }
 
+/// The rows a batch of `members` answers: one a sequence, or one a token in a token step.
+fn rows_of(members: &[Sequence]) -> usize {
+    (members.iter())
+        .map(|seq| if seq.per_token() { seq.tokens() } else { 1 })
+        .sum()
+}
+
 fn waiter_loop<P: Pending>(in_flight: Receiver<InFlight<P>>, broken: &AtomicBool) {
     for InFlight { pending, members } in in_flight {
         match pending.wait() {
+            Ok(pooled) if pooled.data.len() != rows_of(&members) * pooled.dim => {
+                let err = EngineError::Fault(format!(
+                    "the engine answered {} values for {} rows of {}",
+                    pooled.data.len(),
+                    rows_of(&members),
+                    pooled.dim
+                ));
+                tracing::error!("{err}");
+                members.iter().for_each(|seq| seq.job.fail(&err));
+            }
             Ok(pooled) => {
-                for (row, seq) in members.iter().enumerate() {
-                    seq.job.complete_row(seq.index, pooled.row(row));
+                let mut row = 0;
+                for seq in &members {
+                    let rows = if seq.per_token() { seq.tokens() } else { 1 };
+                    let values = &pooled.data[row * pooled.dim..(row + rows) * pooled.dim];
+                    seq.job.complete(seq.index, values, pooled.dim);
+                    row += rows;
                 }
             }
             Err(err) => {
@@ -379,6 +415,10 @@ mod tests {
             }
             if batch.token_ids.contains(&999) {
                 return Err(EngineError::Fatal("the device is gone".into()));
+            }
+            if batch.per_token {
+                let data = batch.token_ids.iter().map(|&id| id as f32).collect();
+                return Ok(Ready(Ok(Pooled { dim: 1, data })));
             }
             let data = batch
                 .cu_seqlens
@@ -420,6 +460,25 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out.pooled.data, [3.0, 7.0, 1.0, 1.0, 5.0, 2.0]);
+    }
+
+    #[tokio::test]
+    async fn a_token_step_answers_a_row_a_token_beside_pooled_requests() {
+        let scheduler = start(64);
+        let tokens = Sequences {
+            per_token: true,
+            ..seqs(vec![7, 8, 9, 1, 2], vec![0, 3, 5])
+        };
+        let (pooled, per_token) = tokio::join!(
+            scheduler.run(seqs(vec![4, 5], vec![0, 2])),
+            scheduler.run(tokens)
+        );
+        assert_eq!(pooled.unwrap().pooled.data, [2.0, 4.0]);
+        let per_token = per_token.unwrap().pooled;
+        assert_eq!(
+            (per_token.dim, per_token.data),
+            (1, vec![7.0, 8.0, 9.0, 1.0, 2.0])
+        );
     }
 
     #[tokio::test]

@@ -15,10 +15,12 @@ use tracing::Instrument;
 use crate::auth::ApiKeys;
 use crate::deadline;
 use crate::error::{EngineError, TulipError};
+use crate::outputs::{Cut, Wanted, MAX_TOKEN_VECTOR_BYTES};
 use crate::postprocess::{append_row, score_row, Shape};
 use crate::proto::tulip_server::{Tulip, TulipServer};
 use crate::proto::{self, Encoding, ModelInfo};
 use crate::scheduler::{Scheduler, Sequences};
+use crate::sparse::Pruning;
 use crate::trace_context;
 
 /// Largest gRPC message Tulip accepts or a client takes (a whole model tokenizer fits).
@@ -142,6 +144,83 @@ impl TulipService {
         }))
     }
 
+    /// Encode, inside its span: a token step, a pooled step, or both where the dense vector is
+    /// not a pooling of the hidden states.
+    async fn encode_traced(
+        &self,
+        request: Request<proto::EncodeRequest>,
+    ) -> Result<Response<proto::EncodeResponse>, Status> {
+        let limit = deadline::of(request.metadata());
+        let request = request.into_inner();
+        let model = &self.scheduler.served().model;
+        require_task(model, "embed")?;
+        let lengths = (
+            &request.token_ids,
+            &request.token_type_ids,
+            &request.lengths,
+        );
+        validate_sequences(lengths, model)?;
+        let wanted = Wanted::parse(&request.outputs, model)?;
+        let bytes =
+            wanted.token_vector_bytes(model, request.token_ids.len(), request.lengths.len());
+        if bytes > MAX_TOKEN_VECTOR_BYTES {
+            return Err(TulipError::Validation(format!(
+                "the token vectors asked for would take {} MiB, over the {} MiB a request may have",
+                bytes >> 20,
+                MAX_TOKEN_VECTOR_BYTES >> 20
+            ))
+            .into());
+        }
+        let pruning = Pruning {
+            top_k: (request.sparse_top_k > 0).then_some(request.sparse_top_k as usize),
+            min_value: request.sparse_min_value,
+        };
+        let per_token = wanted.per_token(model);
+        let both = wanted.needs_both_steps(model);
+        let mut token_step = sequences(request.token_ids, request.token_type_ids, &request.lengths);
+        token_step.per_token = per_token;
+        let pooled_step = Sequences {
+            per_token: false,
+            ..token_step.clone()
+        };
+        let cut = Cut {
+            token_ids: &token_step.token_ids,
+            offsets: &token_step.offsets,
+            normalize: request.normalize,
+            pruning,
+        };
+        let run = |seqs: Sequences| async { Ok::<_, Status>(self.scheduler.run(seqs).await?) };
+        let mut answer = if both {
+            let (rows, pooled) = deadline::within(limit, async {
+                tokio::try_join!(run(token_step.clone()), run(pooled_step))
+            })
+            .await?;
+            let mut out = cut.from_token_rows(&rows.pooled.data, model, wanted);
+            let dense = Wanted {
+                dense: true,
+                ..Wanted::default()
+            };
+            out.dense = cut
+                .from_pooled_rows(&pooled.pooled.data, pooled.pooled.dim, model, dense)
+                .dense;
+            (
+                out,
+                rows.queue_time.max(pooled.queue_time),
+                rows.inference_time.max(pooled.inference_time),
+            )
+        } else {
+            let rows = deadline::within(limit, run(token_step.clone())).await?;
+            let out = match per_token {
+                true => cut.from_token_rows(&rows.pooled.data, model, wanted),
+                false => cut.from_pooled_rows(&rows.pooled.data, rows.pooled.dim, model, wanted),
+            };
+            (out, rows.queue_time, rows.inference_time)
+        };
+        answer.0.queue_us = answer.1.as_micros() as u64;
+        answer.0.inference_us = answer.2.as_micros() as u64;
+        Ok(Response::new(answer.0))
+    }
+
     /// Score, inside its span.
     async fn score_traced(
         &self,
@@ -196,6 +275,18 @@ impl Tulip for TulipService {
         self.embed_traced(request).instrument(span).await
     }
 
+    async fn encode(
+        &self,
+        request: Request<proto::EncodeRequest>,
+    ) -> Result<Response<proto::EncodeResponse>, Status> {
+        let sequences = request.get_ref().lengths.len();
+        let span = rpc_span(
+            tracing::info_span!("encode", sequences = sequences as i64),
+            request.metadata(),
+        );
+        self.encode_traced(request).instrument(span).await
+    }
+
     async fn score(
         &self,
         request: Request<proto::ScoreRequest>,
@@ -236,6 +327,7 @@ fn sequences(token_ids: Vec<u32>, token_type_ids: Vec<u32>, lengths: &[u32]) -> 
         token_ids,
         token_type_ids,
         offsets: offsets(lengths),
+        per_token: false,
     }
 }
 

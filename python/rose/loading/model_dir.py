@@ -133,6 +133,22 @@ class ModelDir:
             raise ModelError(f"{self.path} has no tokenizer.json")
         return path.read_bytes()
 
+    def special_token_ids(self) -> list[int]:
+        """The ids of the tokenizer's cls, eos, pad and unk tokens (those of them it has), which
+        BGE-M3's lexical weights leave out, as FlagEmbedding does."""
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(self.tokenizer_json().decode())
+        names = {**(_read_json(self.path / "special_tokens_map.json") or {}),
+                 **(_read_json(self.path / "tokenizer_config.json") or {})}  # fmt: skip
+        ids = []
+        for key in ("cls_token", "eos_token", "pad_token", "unk_token"):
+            token = names.get(key)
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
+                ids.append(int(tokenizer.token_to_id(token)))
+        return ids
+
     def template(self) -> dict[str, Any]:
         """The settings Ivy needs to tokenize as the model expects."""
         return {

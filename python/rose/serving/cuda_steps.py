@@ -62,10 +62,11 @@ class CudaSteps:
         max_input_length: int,
         token_type_ids: np.ndarray | None = None,
         head: Head | None = None,
+        per_token: bool = False,
     ) -> LazyTensor:
         """Enqueues the batch; returns its pooled vectors (through `head`, a score model's, if
-        given) as a LazyTensor with a forecast end. Batches with token type ids take graphs of
-        their own, which read the types' static buffer."""
+        given), or with `per_token` `forward`'s row a token, as a LazyTensor with a forecast end.
+        Batches with token type ids, and token steps, take graphs of their own."""
         tokens, sequences = len(ids), len(cu) - 1
         inputs = self.inputs
         # Graphs share one memory pool: the previous result leaves it before the next replay.
@@ -76,7 +77,7 @@ class CudaSteps:
         inputs.wait_free()
         self.timeline.begin(self._stream)
         padded, slots = bucket(tokens, sequences, smallest_bucket)
-        key = (padded, slots) if token_type_ids is None else (padded, slots, "typed")
+        key = (padded, slots) + (() if token_type_ids is None else ("typed",)) + (("tokens",) if per_token else ())
         limit = max(max_input_length, 256)  # the longest sequence a graph plans for
         fits = padded <= inputs.max_tokens and slots <= inputs.max_sequences
         # Only replays' ends are forecast: an eager run's span (JIT, kernel loads on a first hit)
@@ -90,7 +91,7 @@ class CudaSteps:
             graph_attention = self.graphs.attention_for(key, batch)
             graph_attention.plan(batch)
             inputs.mark_uploaded()
-            pooled = self.graphs.run(key, batch, forward)[:sequences]
+            pooled = self.graphs.run(key, batch, forward)[: tokens if per_token else sequences]
         else:
             if tokens <= inputs.max_tokens and sequences <= inputs.max_sequences:
                 batch = inputs.fill(ids, cu, tokens, sequences, _longest(cu), token_type_ids)

@@ -25,6 +25,7 @@ from rose.loading.model_dir import POOLING_MODES, ModelDir
 from rose.loading.weights import load_weights
 from rose.models import model_class
 from rose.models.dense import DenseModules
+from rose.models.multi_vector import M3Heads, has_m3_heads
 from rose.models.pooling import pool
 from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
@@ -98,6 +99,10 @@ class Engine:
         self.dense = DenseModules(self.model_dir.dense, self.device) if self.model_dir.dense else None
         # What runs after the pooled states, outside the graphs: a score head, or Dense modules.
         self._head = self.scoring.head if self.scoring else self.dense
+        # BGE-M3's ColBERT and lexical heads, which a token step runs on every token's state.
+        self.m3 = None
+        if self.scoring is None and has_m3_heads(self.model_dir.path):
+            self.m3 = M3Heads(self.model_dir.path, self.model_dir.special_token_ids(), self.device)
         marks.append(time.perf_counter())
         self.model = self._build(weights, self.dtype, self.matmul_dtype)
         self._fp8 = [layer for layer in fp8_layers(self.model) if layer.enabled]
@@ -222,19 +227,40 @@ class Engine:
     def max_input_length(self) -> int:
         return self.model_dir.max_input_length
 
-    def step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any = None) -> LazyTensor:
+    def step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any = None, per_token: bool = False) -> LazyTensor:
         """Enqueues one packed batch (`token_type_ids`: one per token id, or None for all 0);
         returns its pooled float32 vectors [sequences, dim], or a score model's logits
         [sequences, labels], as a LazyTensor without waiting for the device. Shaping (truncation,
         normalization, quantization, sigmoid) is left to the caller, since requests packed
         together want different shapes. On the GPU, call it with the stream that was current when
-        the engine was made."""
+        the engine was made. With `per_token`, a row a token instead: `token_row_layout`."""
         self.steps_served += 1
         if self.faults is not None:
             self.faults.before_step(self.steps_served)
-        return self._guarded(input_ids, cu_seqlens, token_type_ids, self._head)
+        return self._guarded(input_ids, cu_seqlens, token_type_ids, self._head, per_token)
 
-    def _guarded(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any) -> LazyTensor:
+    @property
+    def token_row_layout(self) -> dict[str, int]:
+        """What a token's row of a `per_token` step holds, in order: its final hidden state, then
+        BGE-M3's ColBERT vector and lexical weight where the model has them (ModelInfo's names)."""
+        return {
+            "hidden_size": int(self.model_dir.config["hidden_size"]),
+            "multi_vector_dimensions": self.m3.multi_vector_dimensions if self.m3 else 0,
+            "lexical_weights": self.m3 is not None,
+        }
+
+    @property
+    def outputs(self) -> list[str]:
+        """What Tulip's Encode answers for this model (protos/tulip.proto's Output, in lower case)."""
+        if self.scoring is not None:
+            return []
+        if self.pooling == "splade":
+            return ["sparse", "tokens"]
+        return ["dense"] + (["sparse", "multi_vector"] if self.m3 is not None else []) + ["tokens"]
+
+    def _guarded(
+        self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any, per_token: bool = False
+    ) -> LazyTensor:
         """_step, where an out-of-memory splits the batch in two and retries each half (down to
         one sequence, then Overloaded), and an error that leaves the device unusable becomes
         EngineFatal."""
@@ -243,7 +269,7 @@ class Engine:
         try:
             if self.faults is not None:
                 self.faults.before_batch(len(ids))
-            return self._step(ids, cu, types, head)
+            return self._step(ids, cu, types, head, per_token)
         except torch.OutOfMemoryError as why:
             sequences = len(cu) - 1
             if sequences < 2:
@@ -256,32 +282,40 @@ class Engine:
             mid, cut = sequences // 2, int(cu[sequences // 2])
             parts = [(ids[:cut], cu[: mid + 1], None if types is None else types[:cut]),
                      (ids[cut:], cu[mid:] - cut, None if types is None else types[cut:])]  # fmt: skip
-            return LazyTensor.joined([self._guarded(*part, head) for part in parts])
+            return LazyTensor.joined([self._guarded(*part, head, per_token) for part in parts])
         except Exception as why:
             if is_fatal(why) and not isinstance(why, EngineFatal):
                 raise EngineFatal(f"the device failed: {why}") from why
             raise
 
     @torch.inference_mode()
-    def _step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any) -> LazyTensor:
+    def _step(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any, per_token: bool) -> LazyTensor:
         ids, cu = as_int32(input_ids), as_int32(cu_seqlens)
         types = None if token_type_ids is None else as_int32(token_type_ids)
         if self.startup.pending:
             auto = self.attention if isinstance(self.attention, AutoBackend) else None
             self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
+        forward = self._token_rows if per_token else self._forward
+        head = None if per_token else head
         if self.gpu is None:
             batch = RaggedBatch.from_host(ids, cu, self.device, types)
             self.attention.plan(batch)
-            pooled = self._forward(batch, self.attention)
-            return LazyTensor(head(pooled) if head is not None else pooled)
-        return self.gpu.step(ids, cu, self.attention, self._forward, self.smallest_bucket, self.max_input_length,
-                             types, head)  # fmt: skip
+            rows = forward(batch, self.attention)
+            return LazyTensor(head(rows) if head is not None else rows)
+        smallest = None if per_token else self.smallest_bucket
+        return self.gpu.step(ids, cu, self.attention, forward, smallest, self.max_input_length, types, head,
+                             per_token)  # fmt: skip
 
     def _forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
         if self.decoder is not None and batch.num_tokens <= self.decoder.max_tokens:
             return self.decoder(batch, self.pooling)
         return pool(self.model.forward(batch, attention), batch, self.pooling, getattr(self.model, "splade", None))
+
+    def _token_rows(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
+        """Token ids to a float32 row a token (token_row_layout)."""
+        hidden = self.model.forward(batch, attention)
+        return self.m3(hidden, batch) if self.m3 is not None else hidden.float()
 
     def embed_batches(self, batches: Iterable[Sequence[Sequence[int]]], states: bool = False) -> np.ndarray:
         """step()'s rows of token-id sequences (lists or int32 arrays; `states`: a score model's

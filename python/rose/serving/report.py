@@ -61,4 +61,6 @@ def describe(engine: Engine) -> dict[str, Any]:
         "type_vocab_size": int(engine.model_dir.config.get("type_vocab_size") or 1),
         "modules": engine.model_dir.modules,
         "weights_fingerprint": fingerprint(engine.model_dir.path),
+        "outputs": engine.outputs,
+        **engine.token_row_layout,
     }

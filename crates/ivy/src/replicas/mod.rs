@@ -16,7 +16,8 @@ use futures::future::try_join_all;
 use tonic::Status;
 use tulip::packing::split;
 use tulip::proto::{
-    EmbedRequest, Encoding, InfoResponse, ModelInfo, ScoreRequest, TokenizerResponse,
+    EmbedRequest, EncodeRequest, EncodeResponse, Encoding, InfoResponse, ModelInfo, ScoreRequest,
+    TokenizerResponse,
 };
 use tulip::{Budget, TulipClient, TulipError};
 
@@ -157,6 +158,35 @@ impl ReplicaSet {
             data,
         };
         Ok((vectors, times))
+    }
+
+    /// Encodes `sequences` as `template` asks (its outputs, normalization and pruning), in
+    /// chunks as `embed` does; the chunks' answers joined in order.
+    pub async fn encode(
+        &self,
+        sequences: &[Vec<u32>],
+        template: &EncodeRequest,
+    ) -> Result<(EncodeResponse, ChunkTimes), IvyError> {
+        let answers = self
+            .fan_out(
+                sequences,
+                &[],
+                |client, token_ids, lengths, token_type_ids| async move {
+                    let request = EncodeRequest {
+                        token_ids,
+                        lengths,
+                        token_type_ids,
+                        ..template.clone()
+                    };
+                    let answer = client.encode(request).await?;
+                    let times = (answer.queue_us, answer.inference_us);
+                    Ok((answer, times))
+                },
+            )
+            .await?;
+        let times = slowest(answers.iter().map(|(a, t)| (a.1, *t)));
+        let merged = tulip::outputs::merge(answers.into_iter().map(|((a, _), _)| a));
+        Ok((merged, times))
     }
 
     /// Scores `sequences` (a score model's): one row of `labels` values a sequence, in order.

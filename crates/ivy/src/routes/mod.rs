@@ -5,6 +5,7 @@ mod body;
 mod cohere;
 mod guards;
 mod openai;
+mod outputs;
 mod rerank;
 mod schema;
 mod status;
@@ -78,7 +79,9 @@ fn api() -> OpenApiRouter<Gateway> {
         .routes(routes!(openai::models))
         .routes(routes!(cohere::embed))
         .routes(routes!(tei::embed))
-        .routes(routes!(tei::embed_sparse))
+        .routes(routes!(outputs::embed_sparse))
+        .routes(routes!(outputs::embed_all))
+        .routes(routes!(outputs::encode))
         .routes(routes!(tei::tokenize))
         .routes(routes!(tei::decode))
         .routes(routes!(tei::similarity))

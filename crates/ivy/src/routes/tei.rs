@@ -1,5 +1,5 @@
-//! The text-embeddings-inference-compatible API: POST /embed, /embed_sparse, /tokenize, /decode,
-//! /similarity, /predict (its /rerank is in rerank.rs).
+//! The text-embeddings-inference-compatible API: POST /embed, /tokenize, /decode, /similarity,
+//! /predict (its /rerank is in rerank.rs, /embed_sparse and /embed_all in outputs.rs).
 
 use std::sync::Arc;
 
@@ -21,9 +21,8 @@ use crate::config::LongInputs;
 use crate::error::{ErrorBody, IvyError};
 use crate::gateway::Gateway;
 use crate::input::{parse_inputs, Input};
-use crate::request::{EmbedCall, SPARSE_ROUTE};
+use crate::request::EmbedCall;
 use crate::score::PredictInput;
-use crate::sparse::{sparsify, Pruning};
 use crate::tokenization::{EncodeOptions, Token};
 
 /// TEI's embed request.
@@ -53,7 +52,7 @@ pub(super) struct EmbedRequest {
     long_inputs: Option<LongInputs>,
 }
 
-fn yes() -> bool {
+pub(super) fn yes() -> bool {
     true
 }
 
@@ -81,91 +80,6 @@ pub(super) async fn embed(
     let e = &embedded.vectors;
     let vectors: Vec<Vec<f32>> = (0..e.count).map(|i| floats(e.row(i))).collect();
     Ok((timing_headers(&embedded.timings), Json(vectors)))
-}
-
-/// TEI's embed_sparse request, with pruning beside it.
-#[derive(Deserialize, ToSchema)]
-pub(super) struct EmbedSparseRequest {
-    #[serde(default)]
-    #[schema(value_type = Inputs)]
-    inputs: Value,
-    /// Truncate inputs longer than the model's limit (default: --auto-truncate).
-    #[serde(default)]
-    truncate: Option<bool>,
-    /// Left or Right (default).
-    #[serde(default)]
-    truncation_direction: Option<String>,
-    /// A prompt of the model's sentence-transformers config, put before each text.
-    #[serde(default)]
-    prompt_name: Option<String>,
-    /// Keep only the `top_k` largest entries of each vector.
-    #[serde(default)]
-    top_k: Option<i64>,
-    /// Keep only entries of at least this value.
-    #[serde(default)]
-    min_value: Option<f64>,
-}
-
-/// One non-zero entry of a sparse vector: a vocabulary index and its weight.
-#[derive(Serialize, ToSchema)]
-pub(super) struct SparseValue {
-    index: u32,
-    value: f32,
-}
-
-#[utoipa::path(post, path = "/embed_sparse", operation_id = "tei_embed_sparse", tag = "TEI",
-    request_body = EmbedSparseRequest,
-    responses(
-        (status = 200, description = "Each input's non-zero entries, by index", body = Vec<Vec<SparseValue>>),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
-pub(super) async fn embed_sparse(
-    State(gateway): State<Gateway>,
-    JsonBody(request): JsonBody<EmbedSparseRequest>,
-) -> Result<impl IntoResponse, IvyError> {
-    let gateway = gateway.select(None, "embed")?;
-    let pruning = pruning(request.top_k, request.min_value)?;
-    let call = EmbedCall {
-        inputs: parse_inputs(&request.inputs, "inputs")?,
-        prompt_name: request.prompt_name,
-        truncate: request.truncate,
-        direction: direction(request.truncation_direction.as_deref())?,
-        normalize: false,
-        dimensions: None,
-        encoding: Encoding::Float32,
-        long_inputs: Some(LongInputs::Truncate),
-    };
-    let embedded = gateway.embed(SPARSE_ROUTE, call).await?;
-    let e = &embedded.vectors;
-    let vectors: Vec<Vec<SparseValue>> = (0..e.count)
-        .map(|i| {
-            let entries = sparsify(&floats(e.row(i)), pruning);
-            (entries.into_iter())
-                .map(|(index, value)| SparseValue { index, value })
-                .collect()
-        })
-        .collect();
-    Ok((timing_headers(&embedded.timings), Json(vectors)))
-}
-
-fn pruning(top_k: Option<i64>, min_value: Option<f64>) -> Result<Pruning, IvyError> {
-    let top_k = match top_k {
-        Some(k) if k < 1 => {
-            return Err(IvyError::Validation(format!(
-                "`top_k` must be at least 1, not {k}"
-            )))
-        }
-        k => k.map(|k| k as usize),
-    };
-    let min_value = match min_value {
-        Some(v) if !v.is_finite() || v < 0.0 => {
-            return Err(IvyError::Validation(format!(
-                "`min_value` must be a number of at least 0, not {v}"
-            )))
-        }
-        v => v.unwrap_or(0.0) as f32,
-    };
-    Ok(Pruning { top_k, min_value })
 }
 
 /// TEI's tokenize request.

@@ -1,0 +1,250 @@
+//! The routes of outputs beside the dense vector, all through Tulip's Encode: TEI's
+//! /embed_sparse (a SPLADE model's vector, BGE-M3's lexical weights) and /embed_all (every
+//! token's hidden state), and /encode, any subset of a model's outputs from one forward pass.
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tulip::proto::{Output, SparseVectors, TokenVectors};
+use tulip::sparse::Pruning;
+use utoipa::ToSchema;
+
+use super::body::JsonBody;
+use super::schema::Inputs;
+use super::tei::{direction, yes};
+use super::timing::timing_headers;
+use crate::encode::EncodeCall;
+use crate::error::{ErrorBody, IvyError};
+use crate::gateway::Gateway;
+use crate::input::parse_inputs;
+use crate::replicas::floats;
+use crate::request::TextOptions;
+
+/// The fields every output route takes: TEI's inputs and truncation, and sparse pruning.
+#[derive(Deserialize, ToSchema)]
+pub(super) struct OutputsRequest {
+    #[serde(default)]
+    #[schema(value_type = Inputs)]
+    inputs: Value,
+    /// Truncate inputs longer than the model's limit (default: --auto-truncate).
+    #[serde(default)]
+    truncate: Option<bool>,
+    /// Left or Right (default).
+    #[serde(default)]
+    truncation_direction: Option<String>,
+    /// A prompt of the model's sentence-transformers config, put before each text.
+    #[serde(default)]
+    prompt_name: Option<String>,
+    /// Sparse vectors: keep only the `top_k` largest entries of each.
+    #[serde(default)]
+    top_k: Option<i64>,
+    /// Sparse vectors: keep only entries of at least this value.
+    #[serde(default)]
+    min_value: Option<f64>,
+}
+
+/// One non-zero entry of a sparse vector: a vocabulary index (a token id) and its weight.
+#[derive(Serialize, ToSchema)]
+pub(super) struct SparseValue {
+    index: u32,
+    value: f32,
+}
+
+#[utoipa::path(post, path = "/embed_sparse", operation_id = "tei_embed_sparse", tag = "TEI",
+    request_body = OutputsRequest,
+    responses(
+        (status = 200, description = "Each input's non-zero entries, by index", body = Vec<Vec<SparseValue>>),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+pub(super) async fn embed_sparse(
+    State(gateway): State<Gateway>,
+    JsonBody(request): JsonBody<OutputsRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "embed")?;
+    let encoded = gateway
+        .encode("tei_sparse", call(&request, vec![Output::Sparse], false)?)
+        .await?;
+    let vectors = sparse(encoded.outputs.sparse.as_ref());
+    Ok((timing_headers(&encoded.timings), Json(vectors)))
+}
+
+#[utoipa::path(post, path = "/embed_all", operation_id = "tei_embed_all", tag = "TEI",
+    request_body = OutputsRequest,
+    responses(
+        (status = 200, description = "Each input's tokens' final hidden states", body = Vec<Vec<Vec<f32>>>),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+pub(super) async fn embed_all(
+    State(gateway): State<Gateway>,
+    JsonBody(request): JsonBody<OutputsRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(None, "embed")?;
+    let encoded = gateway
+        .encode("tei_all", call(&request, vec![Output::Tokens], false)?)
+        .await?;
+    let vectors = token_vectors(encoded.outputs.tokens.as_ref());
+    Ok((timing_headers(&encoded.timings), Json(vectors)))
+}
+
+/// Any subset of the model's outputs, from one forward pass.
+#[derive(Deserialize, ToSchema)]
+pub(super) struct EncodeRequest {
+    #[serde(flatten)]
+    common: OutputsRequest,
+    /// Which outputs: dense, sparse, multi_vector, tokens (default: dense); /info's `outputs`
+    /// lists the model's.
+    #[serde(default)]
+    outputs: Option<Vec<String>>,
+    /// L2-normalize the dense vectors (default true); multi-vectors always are.
+    #[serde(default = "yes")]
+    #[schema(default = true)]
+    normalize: bool,
+    /// The model name, as clients send it (ignored beyond choosing the model).
+    #[serde(default)]
+    model: Option<String>,
+}
+
+/// One input's outputs, those asked for.
+#[derive(Serialize, ToSchema)]
+pub(super) struct EncodedItem {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dense: Option<Vec<f32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sparse: Option<Vec<SparseValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    multi_vector: Option<Vec<Vec<f32>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens: Option<Vec<Vec<f32>>>,
+}
+
+/// The outputs of every input, in order, with the usage.
+#[derive(Serialize, ToSchema)]
+pub(super) struct EncodeResponse {
+    object: &'static str,
+    data: Vec<EncodedItem>,
+    model: String,
+    usage: Usage,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct Usage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+#[utoipa::path(post, path = "/encode", operation_id = "encode", tag = "Outputs", request_body = EncodeRequest,
+    responses(
+        (status = 200, description = "The outputs asked for, per input", body = EncodeResponse),
+        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
+        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+pub(super) async fn encode(
+    State(gateway): State<Gateway>,
+    JsonBody(request): JsonBody<EncodeRequest>,
+) -> Result<impl IntoResponse, IvyError> {
+    let gateway = gateway.select(request.model.as_deref(), "embed")?;
+    let names = request.outputs.unwrap_or_else(|| vec!["dense".into()]);
+    let outputs = (names.iter())
+        .map(|name| {
+            Output::from_str_name(&name.to_ascii_uppercase()).ok_or_else(|| {
+                IvyError::Validation(format!(
+                    "unknown output {name:?}; use dense, sparse, multi_vector or tokens"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let encoded = gateway
+        .encode("encode", call(&request.common, outputs, request.normalize)?)
+        .await?;
+    let o = &encoded.outputs;
+    let mut dense = token_vectors(o.dense.as_ref()).into_iter();
+    let mut sparse_vectors = sparse(o.sparse.as_ref()).into_iter();
+    let mut multi = token_vectors(o.multi_vector.as_ref()).into_iter();
+    let mut tokens = token_vectors(o.tokens.as_ref()).into_iter();
+    let data = (0..o.count as usize)
+        .map(|index| EncodedItem {
+            index,
+            dense: dense.next().and_then(|rows| rows.into_iter().next()),
+            sparse: sparse_vectors.next(),
+            multi_vector: multi.next(),
+            tokens: tokens.next(),
+        })
+        .collect();
+    let body = EncodeResponse {
+        object: "list",
+        data,
+        model: gateway.model().model_id.clone(),
+        usage: Usage {
+            prompt_tokens: encoded.tokens,
+            total_tokens: encoded.tokens,
+        },
+    };
+    Ok((timing_headers(&encoded.timings), Json(body)))
+}
+
+fn call(
+    request: &OutputsRequest,
+    outputs: Vec<Output>,
+    normalize: bool,
+) -> Result<EncodeCall<'_>, IvyError> {
+    Ok(EncodeCall {
+        inputs: parse_inputs(&request.inputs, "inputs")?,
+        text: TextOptions {
+            prompt_name: request.prompt_name.as_deref(),
+            truncate: request.truncate,
+            direction: direction(request.truncation_direction.as_deref())?,
+        },
+        outputs,
+        normalize,
+        pruning: pruning(request.top_k, request.min_value)?,
+    })
+}
+
+/// Each sequence's sparse entries (none when the output is absent).
+fn sparse(vectors: Option<&SparseVectors>) -> Vec<Vec<SparseValue>> {
+    let Some(v) = vectors else { return Vec::new() };
+    (v.offsets.windows(2))
+        .map(|w| {
+            let span = w[0] as usize..w[1] as usize;
+            (v.indices[span.clone()].iter().zip(&v.values[span]))
+                .map(|(&index, &value)| SparseValue { index, value })
+                .collect()
+        })
+        .collect()
+}
+
+/// Each sequence's rows (none when the output is absent).
+fn token_vectors(vectors: Option<&TokenVectors>) -> Vec<Vec<Vec<f32>>> {
+    let Some(v) = vectors else { return Vec::new() };
+    let values = floats(&v.data);
+    let dim = v.dimensions as usize;
+    (v.offsets.windows(2))
+        .map(|w| {
+            (w[0] as usize..w[1] as usize)
+                .map(|r| values[r * dim..(r + 1) * dim].to_vec())
+                .collect()
+        })
+        .collect()
+}
+
+fn pruning(top_k: Option<i64>, min_value: Option<f64>) -> Result<Pruning, IvyError> {
+    let top_k = match top_k {
+        Some(k) if k < 1 => {
+            return Err(IvyError::Validation(format!(
+                "`top_k` must be at least 1, not {k}"
+            )))
+        }
+        k => k.map(|k| k as usize),
+    };
+    let min_value = match min_value {
+        Some(v) if !v.is_finite() || v < 0.0 => {
+            return Err(IvyError::Validation(format!(
+                "`min_value` must be a number of at least 0, not {v}"
+            )))
+        }
+        v => v.unwrap_or(0.0) as f32,
+    };
+    Ok(Pruning { top_k, min_value })
+}
