@@ -30,6 +30,8 @@ VALID = {
                        "dimensions": 32},
     "/embed": {"inputs": ["hello world"], "normalize": True, "truncate": True, "prompt_name": None},
     "/embed_sparse": {"inputs": ["hello world"], "truncate": True, "top_k": 8, "min_value": 0.1},
+    "/embed_all": {"inputs": ["hello world"], "truncate": True},
+    "/encode": {"inputs": ["hello world"], "outputs": ["dense", "tokens"], "normalize": True},
     "/v2/embed": {"texts": ["hello"], "model": "m", "input_type": "search_query", "embedding_types": ["float"]},
     "/tokenize": {"inputs": ["hello world"], "add_special_tokens": True},
     "/decode": {"ids": [101, 7592, 2088, 102], "skip_special_tokens": True},
