@@ -73,15 +73,7 @@ impl Gateway {
         let encoded = Encoded {
             outputs,
             tokens,
-            timings: Timings {
-                tokenization,
-                queue: chunk.queue,
-                inference: chunk.inference,
-                transfer: chunk.transfer,
-                total: start.elapsed(),
-                tokens,
-                characters,
-            },
+            timings: Timings::of(start, tokenization, chunk, tokens, characters),
         };
         crate::metrics::record(route, sequences.len(), &encoded.timings);
         Ok(encoded)

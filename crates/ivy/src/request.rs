@@ -55,6 +55,26 @@ pub struct Timings {
 }
 
 impl Timings {
+    /// The timings of a request that started at `start` and spent `tokenization` on its text,
+    /// its slowest chunk's `chunk` in Tulip.
+    pub fn of(
+        start: Instant,
+        tokenization: Duration,
+        chunk: ChunkTimes,
+        tokens: usize,
+        characters: usize,
+    ) -> Timings {
+        Timings {
+            tokenization,
+            queue: chunk.queue,
+            inference: chunk.inference,
+            transfer: chunk.transfer,
+            total: start.elapsed(),
+            tokens,
+            characters,
+        }
+    }
+
     /// TEI's compute time: tokenization, queue and inference.
     pub fn compute(&self) -> Duration {
         self.tokenization + self.queue + self.inference
@@ -139,15 +159,7 @@ impl Gateway {
         let embedded = Embedded {
             vectors,
             tokens,
-            timings: Timings {
-                tokenization,
-                queue: chunk.queue,
-                inference: chunk.inference,
-                transfer: chunk.transfer,
-                total: start.elapsed(),
-                tokens,
-                characters,
-            },
+            timings: Timings::of(start, tokenization, chunk, tokens, characters),
         };
         crate::metrics::record(route, embedded.vectors.count, &embedded.timings);
         Ok(embedded)

@@ -275,9 +275,7 @@ pub fn merge(parts: impl IntoIterator<Item = EncodeResponse>) -> EncodeResponse 
                     offsets: vec![0],
                     data: Vec::new(),
                 });
-                let base = *into.offsets.last().unwrap_or(&0);
-                into.offsets
-                    .extend(from.offsets.iter().skip(1).map(|o| o + base));
+                continue_offsets(&mut into.offsets, &from.offsets);
                 into.data.extend_from_slice(&from.data);
             }
         }
@@ -286,14 +284,18 @@ pub fn merge(parts: impl IntoIterator<Item = EncodeResponse>) -> EncodeResponse 
                 offsets: vec![0],
                 ..Default::default()
             });
-            let base = *into.offsets.last().unwrap_or(&0);
-            into.offsets
-                .extend(from.offsets.iter().skip(1).map(|o| o + base));
+            continue_offsets(&mut into.offsets, &from.offsets);
             into.indices.extend(from.indices);
             into.values.extend(from.values);
         }
     }
     out
+}
+
+/// Appends a later chunk's offsets (which start at 0) after `into`'s last one.
+fn continue_offsets(into: &mut Vec<u32>, from: &[u32]) {
+    let base = *into.last().unwrap_or(&0);
+    into.extend(from.iter().skip(1).map(|o| o + base));
 }
 
 #[cfg(test)]
