@@ -14,10 +14,8 @@ slices' ratios (server tokens/s over sentence-transformers' in the slice beside 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from corpus import passages  # noqa: E402
 from support import EMBEDDINGGEMMA, MPNET_BASE, save_embeddinggemma, save_mpnet, start_server  # noqa: E402
-from timing import http_batches  # noqa: E402
+from timing import alternate, http_batches, report  # noqa: E402
 
 FAMILIES = {
     "mpnet": (MPNET_BASE, lambda folder, sizes: save_mpnet(folder, **sizes)),
@@ -57,31 +55,16 @@ def main() -> None:
     on_gpu = args.device.startswith("cuda")
     st = SentenceTransformer(str(folder), device=args.device, model_kwargs={"dtype": torch.bfloat16} if on_gpu else {})
     server = start_server(tmp, "--model", str(folder), "--device", args.device)
-    ratios, ours, theirs = [], [], []
+    names = ("ivy-serve over HTTP", "sentence-transformers encode")
     try:
-        http_batches(server.url, texts[: args.batch * 2], args.batch, 4, "base64")  # warm-up
-        st.encode(texts[: args.batch * 2], batch_size=args.batch)
-        for s in range(args.slices):
-            seconds, tokens = http_batches(server.url, texts, args.batch, 4, "base64")
-            start = time.perf_counter()
-            st.encode(texts, batch_size=args.batch)
-            if on_gpu:
-                torch.cuda.synchronize()
-            st_seconds = time.perf_counter() - start
-            ours.append(tokens / seconds)
-            theirs.append(tokens / st_seconds)
-            ratios.append(ours[-1] / theirs[-1])
-            print(f"slice {s}: ivy-serve {ours[-1]:,.0f} tokens/s, sentence-transformers {theirs[-1]:,.0f}: "
-                  f"{ratios[-1]:.2f}x", flush=True)  # fmt: skip
+        ours = lambda: http_batches(server.url, texts, args.batch, 4, "base64")  # noqa: E731
+        results = alternate(args.slices, ours, lambda: st.encode(texts, batch_size=args.batch), names)
     finally:
         server.stop()
     layers = sizes["num_hidden_layers"]
     print(f"\n{args.family} widths, {layers} layers, {args.device}, {args.docs} documents of 32-256 tokens, "
           f"client batches of {args.batch}, 4 in flight")  # fmt: skip
-    print(f"ivy-serve over HTTP: {statistics.median(ours):,.0f} tokens/s (median)")
-    print(f"sentence-transformers encode: {statistics.median(theirs):,.0f} tokens/s (median)")
-    print(f"ratio, median of {args.slices} slices: {statistics.median(ratios):.2f}x "
-          f"({', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    report(*results, names)
 
 
 if __name__ == "__main__":

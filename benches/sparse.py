@@ -13,34 +13,16 @@ the median of the slices' ratios (server tokens/s over SparseEncoder's in the sl
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from corpus import passages  # noqa: E402
 from support import SPLADE_BASE, save_splade, start_server  # noqa: E402
-
-
-def sparse_batches(url: str, texts: list[str], batch: int, concurrency: int) -> tuple[float, int]:
-    """Seconds and tokens to embed `texts` over /embed_sparse in client batches, some in flight."""
-    session = requests.Session()
-
-    def post(chunk: list[str]) -> int:
-        response = session.post(f"{url}/embed_sparse", json={"inputs": chunk, "truncate": True}, timeout=600)
-        response.raise_for_status()
-        return int(response.headers["x-compute-tokens"])
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        tokens = sum(pool.map(post, [texts[i : i + batch] for i in range(0, len(texts), batch)]))
-    return time.perf_counter() - start, tokens
+from timing import alternate, post_batches, report  # noqa: E402
 
 
 def main() -> None:
@@ -65,30 +47,16 @@ def main() -> None:
     on_gpu = args.device.startswith("cuda")
     st = SparseEncoder(str(folder), device=args.device, model_kwargs={"dtype": torch.bfloat16} if on_gpu else {})
     server = start_server(tmp, "--model", str(folder), "--device", args.device)
-    ratios, ours, theirs = [], [], []
+    names = ("ivy-serve /embed_sparse", "SparseEncoder.encode")
+    body = lambda chunk: {"inputs": chunk, "truncate": True}  # noqa: E731
     try:
-        sparse_batches(server.url, texts[: args.batch * 2], args.batch, 4)  # warm-up
-        st.encode(texts[: args.batch * 2], batch_size=args.batch)
-        for s in range(args.slices):
-            seconds, tokens = sparse_batches(server.url, texts, args.batch, 4)
-            start = time.perf_counter()
-            st.encode(texts, batch_size=args.batch)
-            if on_gpu:
-                torch.cuda.synchronize()
-            st_seconds = time.perf_counter() - start
-            ours.append(tokens / seconds)
-            theirs.append(tokens / st_seconds)
-            ratios.append(ours[-1] / theirs[-1])
-            print(f"slice {s}: ivy-serve {ours[-1]:,.0f} tokens/s, SparseEncoder {theirs[-1]:,.0f}: "
-                  f"{ratios[-1]:.2f}x", flush=True)  # fmt: skip
+        ours = lambda: post_batches(server.url, "/embed_sparse", texts, args.batch, 4, body)  # noqa: E731
+        results = alternate(args.slices, ours, lambda: st.encode(texts, batch_size=args.batch), names)
     finally:
         server.stop()
     print(f"\nSPLADE, BERT-base widths, {sizes['num_hidden_layers']} layers, {args.device}, {args.docs} documents "
           f"of 32-256 tokens, client batches of {args.batch}, 4 in flight")  # fmt: skip
-    print(f"ivy-serve /embed_sparse: {statistics.median(ours):,.0f} tokens/s (median)")
-    print(f"SparseEncoder.encode: {statistics.median(theirs):,.0f} tokens/s (median)")
-    print(f"ratio, median of {args.slices} slices: {statistics.median(ratios):.2f}x "
-          f"({', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    report(*results, names)
 
 
 if __name__ == "__main__":

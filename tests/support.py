@@ -611,3 +611,71 @@ def save_bge_m3(folder: Path, **sizes: int) -> Path:
     torch.save(colbert.state_dict(), folder / "colbert_linear.pt")
     torch.save(sparse.state_dict(), folder / "sparse_linear.pt")
     return folder
+
+
+COLBERT_SETTINGS = dict(query_prefix="[Q] ", document_prefix="[D] ", query_length=32, document_length=48,
+                        attend_to_expansion_tokens=False, do_query_expansion=True)  # fmt: skip
+"""A ColBERT model's PyLate settings (its documents shorter than published, for the CPU)."""
+
+
+def save_colbert(folder: Path, dense: int = 32, **settings: object) -> Path:
+    """A random BertModel published as PyLate saves ColBERT models: the tokenizer with the "[Q] "
+    and "[D] " tokens added (the embeddings grown to match), modules.json with the Transformer and
+    `pylate.models.Dense.Dense` (no bias, Identity), and PyLate's settings (`settings` over
+    COLBERT_SETTINGS) in config_sentence_transformers.json."""
+    import string
+
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(8)
+    tokenizer = AutoTokenizer.from_pretrained(rose.default_model_path())
+    tokenizer.add_tokens(["[Q] ", "[D] "])
+    config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        vocab_size=len(tokenizer))  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    BertModel(config, add_pooling_layer=False).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    values = {**COLBERT_SETTINGS, **settings}
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": values["document_length"] - 1, "do_lower_case": False})
+    )
+    (folder / "1_Dense").mkdir(exist_ok=True)
+    (folder / "1_Dense" / "config.json").write_text(json.dumps({
+        "in_features": config.hidden_size, "out_features": dense, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))  # fmt: skip
+    linear = torch.nn.Linear(config.hidden_size, dense, bias=False)
+    save_file({"linear.weight": linear.weight.detach().contiguous()}, str(folder / "1_Dense" / "model.safetensors"))
+    st_config = {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "MaxSim",
+                 "skiplist_words": list(string.punctuation), **values}  # fmt: skip
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2))
+    return folder
+
+
+PYLATE_PINS = ["pylate==1.6.0", "sentence-transformers==5.3.0", "transformers==5.3.0", "tokenizers==0.22.2",
+               "huggingface-hub>=1.3,<2", "kernels>=0.10.2,<0.11"]  # fmt: skip
+"""PyLate's newest release and the versions it pins, installed apart (tests/.references/pylate)
+since they are older than the project's sentence-transformers and transformers."""
+
+
+def pylate_reference(folder: Path, queries: list[str], documents: list[str]) -> dict[str, list[np.ndarray]]:
+    """PyLate's ColBERT in float32 on `folder`, in a process of its own with PyLate's pinned
+    versions first on its path (installed there once): each query's and document's vectors and
+    the MaxSim of every (query, document)."""
+    site = Path(__file__).parent / ".references" / "pylate"
+    if not (site / "pylate").is_dir():
+        subprocess.run(["python", "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), *PYLATE_PINS],
+                       check=True)  # fmt: skip
+    out = folder.parent / f"{folder.name}-pylate.npz"
+    script = Path(__file__).parent / "pylate_reference.py"
+    environment = {**os.environ, "PYTHONPATH": str(site)}
+    arguments = [str(folder), str(out), json.dumps(queries), json.dumps(documents)]
+    subprocess.run(["python", str(script), *arguments], check=True, env=environment)
+    saved = np.load(out)
+    return {
+        "queries": [saved[f"q{i}"] for i in range(len(queries))],
+        "documents": [saved[f"d{i}"] for i in range(len(documents))],
+        "scores": [saved["scores"][i] for i in range(len(queries))],
+    }

@@ -87,20 +87,28 @@ class Client:
         prompt_name: str | None = None,
         top_k: int | None = None,
         min_value: float = 0.0,
+        encoding: str = "float32",
+        input_type: str | None = None,
     ) -> dict[str, Any]:
         """Several outputs of text(s) or token-id list(s) from one forward pass (`outputs`: any of
-        `info()["outputs"]`). Returns, by output: "dense" float32 [len(inputs), dimensions];
+        `info()["outputs"]`). Returns, by output: "dense" [len(inputs), dimensions];
         "sparse" {"offsets", "indices", "values"} (input i's entries at offsets[i]:offsets[i + 1]);
-        "multi_vector" and "tokens" {"data": float32 [rows, dimensions], "offsets"} (input i's rows
+        "multi_vector" and "tokens" {"data": [rows, dimensions], "offsets"} (input i's rows
         at offsets[i]:offsets[i + 1]). Sparse vectors keep the `top_k` largest entries of at least
-        `min_value`."""
+        `min_value`. Dense vectors and multi-vectors are float32, or with `encoding` int8
+        (round(tanh(x) * 127)) or binary (packed sign bits, uint8 [rows, dimensions / 8]).
+        `input_type` "query" or "document" (the default): a ColBERT model's queries and documents
+        are tokenized each their own way; another model takes its prompt of that name if it has one."""
         raw = self._native.encode_raw(inputs, list(outputs), normalize=normalize, truncate=truncate,
-                                      prompt_name=prompt_name, top_k=top_k, min_value=min_value)  # fmt: skip
+                                      prompt_name=prompt_name, top_k=top_k, min_value=min_value,
+                                      encoding=encoding, input_type=input_type)  # fmt: skip
+        dtypes = {"float32": np.float32, "int8": np.int8, "binary": np.uint8}
         out: dict[str, Any] = {}
         for name in ("dense", "multi_vector", "tokens"):
             if name in raw:
-                data, dimensions, offsets = raw[name]
-                rows = np.frombuffer(data, dtype=np.float32).reshape(-1, dimensions)
+                data, dimensions, offsets, packed = raw[name]
+                width = -(-dimensions // 8) if packed == "binary" else dimensions
+                rows = np.frombuffer(data, dtype=dtypes[packed]).reshape(-1, width)
                 out[name] = rows if name == "dense" else {"data": rows, "offsets": np.asarray(offsets, dtype=np.int64)}
         if "sparse" in raw:
             offsets, indices, values = raw["sparse"]
@@ -121,7 +129,8 @@ class Client:
     ) -> list[tuple[int, float]]:
         """The documents ranked against `query`, best first: (index, score) for the first
         `top_n` (all by default). A score model (cross-encoder, Qwen3-Reranker) scores each pair,
-        the sigmoid of its logit unless `raw_scores`; an embedding model answers cosines."""
+        the sigmoid of its logit unless `raw_scores`; an embedding model answers cosines, a
+        ColBERT model MaxSim."""
         return self._native.rerank(
             query, list(documents), top_n=top_n, instruction=instruction, truncate=truncate, raw_scores=raw_scores
         )

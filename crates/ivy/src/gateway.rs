@@ -19,7 +19,7 @@ use crate::error::IvyError;
 use crate::key_limits::KeyLimits;
 use crate::replicas::discovery::{Resolve, SystemResolver};
 use crate::replicas::{Pool, ReplicaSet};
-use crate::template::{PairTemplate, Template};
+use crate::template::{ColbertTemplate, PairTemplate, Template};
 use crate::tokenization::TokenizerPool;
 use tulip::scheduler::SMALL_REQUEST_TOKENS;
 
@@ -262,6 +262,11 @@ impl Gateway {
     /// The prompt text for `name` (or the default one).
     pub fn prompt(&self, name: Option<&str>) -> Result<&str, IvyError> {
         (self.served().template).prompt(name, self.args().default_prompt_name.as_deref())
+    }
+
+    /// A ColBERT model's query and document template.
+    pub fn colbert(&self) -> Option<&ColbertTemplate> {
+        self.served().template.multi_vector.as_ref()
     }
 
     /// A score model's pair template.

@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod http;
 pub mod input;
 pub mod key_limits;
+pub mod late_interaction;
 pub mod metrics;
 pub mod replicas;
 pub mod request;

@@ -88,6 +88,8 @@ pub struct TextOptions<'a> {
     /// None follows `--auto-truncate`.
     pub truncate: Option<bool>,
     pub direction: TruncationDirection,
+    /// A shorter limit than the model's (a ColBERT model's query or document length).
+    pub max_length: Option<usize>,
 }
 
 impl Gateway {
@@ -118,6 +120,7 @@ impl Gateway {
             direction: text.direction,
             add_special_tokens: true,
             inline: text_bytes <= INLINE_BYTES,
+            max_length: text.max_length,
         });
         let windows = try_join_all(
             (inputs.into_iter().enumerate())
@@ -140,6 +143,7 @@ impl Gateway {
             prompt_name: call.prompt_name.as_deref(),
             truncate: call.truncate,
             direction: call.direction,
+            max_length: None,
         };
         let (windows, characters) = self.tokenize(call.inputs, text, chunked).await?;
         let tokenization = start.elapsed();
@@ -245,7 +249,7 @@ impl Gateway {
         mut ids: Vec<u32>,
         options: &EncodeOptions,
     ) -> Result<Vec<u32>, IvyError> {
-        let max = self.tokenizer().max_input_length();
+        let max = options.limit(self.tokenizer().max_input_length());
         let vocab = self.model().vocab_size;
         if ids.is_empty() {
             return Err(IvyError::Validation(format!(
@@ -272,16 +276,24 @@ impl Gateway {
         Ok(ids)
     }
 
-    /// Dense routes need a model with a dense vector (a SPLADE model's are sparse).
+    /// Dense routes need a model with a dense vector (a SPLADE model's are sparse, a ColBERT
+    /// model's a vector a token).
     fn require_dense(&self) -> Result<(), IvyError> {
         let model = self.model();
-        if model.pooling == "splade" {
-            return Err(IvyError::Unsupported(format!(
+        if model.task != "embed" || model.outputs.iter().any(|o| o == "dense") {
+            return Ok(());
+        }
+        Err(IvyError::Unsupported(if model.pooling == "splade" {
+            format!(
                 "{} is a SPLADE model: its vectors are sparse, served by /embed_sparse",
                 model.model_id
-            )));
-        }
-        Ok(())
+            )
+        } else {
+            format!(
+                "{} is a multi-vector (ColBERT) model: it has a vector a token, served by /encode (multi_vector); the rerank routes score by MaxSim",
+                model.model_id
+            )
+        }))
     }
 
     /// Refuses a request of the other task, naming the model's: an embedding route asked of a

@@ -46,7 +46,8 @@ pub struct Scores {
 
 impl Gateway {
     /// Scores each document against the query: a score model scores the pairs; an embedding
-    /// model answers the cosine of the query's vector and the document's, as vLLM does.
+    /// model answers the cosine of the query's vector and the document's, as vLLM does; a
+    /// ColBERT model their MaxSim (crate::late_interaction).
     pub async fn rerank(&self, route: &'static str, call: RerankCall) -> Result<Scores, IvyError> {
         if call.query.is_empty() {
             return Err(IvyError::Validation("`query` cannot be empty".into()));
@@ -62,9 +63,15 @@ impl Gateway {
                 "`max_tokens_per_doc` must be at least 1".into(),
             ));
         }
-        match self.model().task.as_str() {
-            "score" => self.score_pairs(route, call).await,
-            _ => self.cosines(route, call).await,
+        let model = self.model();
+        if model.task == "score" {
+            self.score_pairs(route, call).await
+        } else if !model.outputs.iter().any(|o| o == "dense")
+            && model.outputs.iter().any(|o| o == "multi_vector")
+        {
+            self.max_sims(route, call).await
+        } else {
+            self.cosines(route, call).await
         }
     }
 
@@ -133,6 +140,7 @@ impl Gateway {
             direction: TruncationDirection::Right,
             add_special_tokens: true,
             inline: false,
+            max_length: None,
         });
         let encoded = try_join_all(inputs.into_iter().enumerate().map(|(i, (first, second))| {
             let single = single.clone();

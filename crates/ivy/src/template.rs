@@ -1,4 +1,5 @@
-//! How the model wants its inputs tokenized: prompts and maximum length, as reported by Tulip.
+//! How the model wants its inputs tokenized: prompts and maximum length, a score model's pairs, a
+//! ColBERT model's queries and documents, as reported by Tulip.
 
 use std::collections::HashMap;
 
@@ -17,6 +18,79 @@ pub struct Template {
     /// A score model's pairs: how a query and a document become one sequence.
     #[serde(default)]
     pub score: Option<PairTemplate>,
+    /// A ColBERT model's queries and documents (PyLate's settings, as token ids).
+    #[serde(default)]
+    pub multi_vector: Option<ColbertTemplate>,
+}
+
+/// Whether an input is a query or a document: a ColBERT model takes each its own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    Query,
+    #[default]
+    Document,
+}
+
+/// How a ColBERT model takes its inputs, as PyLate tokenizes them: the role's prefix token after
+/// the first one, within the role's length; a query padded with the expansion token to its
+/// length; a document's skiplist tokens left out of its vectors.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ColbertTemplate {
+    pub query_prefix_id: Option<u32>,
+    pub document_prefix_id: Option<u32>,
+    pub query_length: usize,
+    pub document_length: usize,
+    /// The token a query is padded with (None: no query expansion).
+    pub expansion_id: Option<u32>,
+    pub skiplist_ids: Vec<u32>,
+}
+
+impl Role {
+    /// The role's name, as requests and prompts give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Query => "query",
+            Role::Document => "document",
+        }
+    }
+}
+
+impl ColbertTemplate {
+    fn prefix(&self, role: Role) -> Option<u32> {
+        match role {
+            Role::Query => self.query_prefix_id,
+            Role::Document => self.document_prefix_id,
+        }
+    }
+
+    /// The most tokens the tokenizer may give an input of `role`, special tokens included:
+    /// the role's length, less the prefix token.
+    pub fn limit(&self, role: Role) -> usize {
+        let length = match role {
+            Role::Query => self.query_length,
+            Role::Document => self.document_length,
+        };
+        length - usize::from(self.prefix(role).is_some())
+    }
+
+    /// The model's sequence of an input the tokenizer gave `ids` (within `limit`).
+    pub fn apply(&self, mut ids: Vec<u32>, role: Role) -> Vec<u32> {
+        if let Some(prefix) = self.prefix(role) {
+            ids.insert(1.min(ids.len()), prefix);
+        }
+        if let (Role::Query, Some(expansion)) = (role, self.expansion_id) {
+            ids.resize(ids.len().max(self.query_length), expansion);
+        }
+        ids
+    }
+
+    /// Tokens whose vectors an input of `role` leaves out.
+    pub fn skipped(&self, role: Role) -> &[u32] {
+        match role {
+            Role::Query => &[],
+            Role::Document => &self.skiplist_ids,
+        }
+    }
 }
 
 /// How a score model takes a (query, document) pair.
@@ -95,6 +169,39 @@ mod tests {
             Some(PairTemplate::Rendered { .. })
         ));
         assert_eq!(template().score, None);
+    }
+
+    #[test]
+    fn a_colbert_query_is_prefixed_and_expanded_and_a_document_prefixed_only() {
+        let json = r#"{"max_input_length": 8, "multi_vector": {"query_prefix_id": 50, "document_prefix_id": 51,
+            "query_length": 6, "document_length": 5, "expansion_id": 9, "skiplist_ids": [4]}}"#;
+        let colbert = Template::from_json(json).unwrap().multi_vector.unwrap();
+        assert_eq!(
+            (colbert.limit(Role::Query), colbert.limit(Role::Document)),
+            (5, 4)
+        );
+        assert_eq!(
+            colbert.apply(vec![1, 7, 2], Role::Query),
+            [1, 50, 7, 2, 9, 9]
+        );
+        assert_eq!(
+            colbert.apply(vec![1, 7, 4, 2], Role::Document),
+            [1, 51, 7, 4, 2]
+        );
+        assert_eq!(
+            (
+                colbert.skipped(Role::Query),
+                colbert.skipped(Role::Document)
+            ),
+            (&[][..], &[4][..])
+        );
+        let plain = ColbertTemplate {
+            query_prefix_id: None,
+            expansion_id: None,
+            ..colbert
+        };
+        assert_eq!(plain.limit(Role::Query), 6);
+        assert_eq!(plain.apply(vec![1, 7, 2], Role::Query), [1, 7, 2]);
     }
 
     #[test]

@@ -28,6 +28,16 @@ pub struct EncodeOptions {
     /// Tokenize on the caller's thread rather than a worker's: for short requests (see
     /// [`INLINE_BYTES`]), where the hand-over would cost more than the work.
     pub inline: bool,
+    /// A shorter limit than the model's for these inputs (a ColBERT model's query or document
+    /// length), in tokens with the special ones.
+    pub max_length: Option<usize>,
+}
+
+impl EncodeOptions {
+    /// The most tokens an input may have: `max_length`, else the model's `limit`.
+    pub fn limit(&self, model_limit: usize) -> usize {
+        self.max_length.unwrap_or(model_limit)
+    }
 }
 
 /// How to tokenize the (query, document) pairs of one request for a score model.
@@ -350,11 +360,8 @@ impl Worker {
         options: &EncodeOptions,
     ) -> Result<Vec<u32>, IvyError> {
         let templated = format!("{}{text}", options.prompt);
-        self.truncate(
-            self.max_input_length,
-            TruncationStrategy::LongestFirst,
-            options.direction,
-        )?;
+        let limit = options.limit(self.max_input_length);
+        self.truncate(limit, TruncationStrategy::LongestFirst, options.direction)?;
         let encoding = self
             .tokenizer
             .encode_fast(templated.as_str(), options.add_special_tokens)
@@ -363,8 +370,7 @@ impl Worker {
             })?;
         if !options.truncate && !encoding.get_overflowing().is_empty() {
             return Err(IvyError::Validation(format!(
-                "input {index} is longer than the model's limit of {} tokens; shorten it or set truncate to true",
-                self.max_input_length
+                "input {index} is longer than the model's limit of {limit} tokens; shorten it or set truncate to true"
             )));
         }
         Ok(encoding.get_ids().to_vec())
@@ -609,6 +615,7 @@ mod tests {
             direction,
             add_special_tokens: true,
             inline: false,
+            max_length: None,
         })
     }
 

@@ -8,6 +8,7 @@ use ivy::encode::EncodeCall;
 use ivy::input::Input;
 use ivy::request::{EmbedCall, TextOptions};
 use ivy::score::{rank, RerankCall};
+use ivy::template::Role;
 use ivy::tokenization::TruncationDirection;
 use ivy::{Gateway, IvyArgs, IvyError, Tulips};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
@@ -170,12 +171,7 @@ impl GatewayClient {
         prompt_name: Option<String>,
         encoding: &str,
     ) -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize)> {
-        let encoding =
-            Encoding::from_str_name(&encoding.to_ascii_uppercase()).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "encoding must be float32, int8 or binary, not {encoding:?}"
-                ))
-            })?;
+        let encoding = encoding_named(encoding)?;
         let call = EmbedCall {
             inputs: inputs.into_inputs(),
             prompt_name,
@@ -201,7 +197,7 @@ impl GatewayClient {
     /// Several outputs of `inputs` from one pass (`outputs`: names of ModelInfo.outputs); returns
     /// a dict by output: dense, multi_vector and tokens as (float32 bytes, dimensions, row offsets
     /// a sequence), sparse as (offsets, indices, values), and "tokens_embedded".
-    #[pyo3(signature = (inputs, outputs, *, normalize = true, truncate = true, prompt_name = None, top_k = None, min_value = 0.0))]
+    #[pyo3(signature = (inputs, outputs, *, normalize = true, truncate = true, prompt_name = None, top_k = None, min_value = 0.0, encoding = "float32", input_type = None))]
     #[allow(clippy::too_many_arguments)]
     fn encode_raw<'py>(
         &self,
@@ -213,7 +209,20 @@ impl GatewayClient {
         prompt_name: Option<String>,
         top_k: Option<usize>,
         min_value: f32,
+        encoding: &str,
+        input_type: Option<&str>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let encoding = encoding_named(encoding)?;
+        let role = match input_type {
+            None => None,
+            Some("query") => Some(Role::Query),
+            Some("document") => Some(Role::Document),
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "input_type must be query or document, not {other:?}"
+                )))
+            }
+        };
         let outputs = (outputs.iter())
             .map(|name| {
                 Output::from_str_name(&name.to_ascii_uppercase()).ok_or_else(|| {
@@ -229,17 +238,23 @@ impl GatewayClient {
                 prompt_name: prompt_name.as_deref(),
                 truncate: Some(truncate),
                 direction: TruncationDirection::Right,
+                max_length: None,
             },
             outputs,
             normalize,
             pruning: Pruning { top_k, min_value },
+            encoding,
+            role,
         };
         let encoded = py
             .detach(|| self.runtime.block_on(self.gateway.encode("python", call)))
             .map_err(to_py)?;
         let out = PyDict::new(py);
         let o = encoded.outputs;
-        let rows = |v: TokenVectors| (PyBytes::new(py, &v.data), v.dimensions, v.offsets);
+        let rows = |v: TokenVectors| {
+            let encoding = v.encoding().as_str_name().to_ascii_lowercase();
+            (PyBytes::new(py, &v.data), v.dimensions, v.offsets, encoding)
+        };
         if let Some(v) = o.dense {
             out.set_item("dense", rows(v))?;
         }
@@ -310,6 +325,15 @@ impl GatewayClient {
         serde_json::to_string(self.gateway.model())
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
+}
+
+/// float32, int8 or binary (Tulip's Encoding), or the error naming them.
+fn encoding_named(name: &str) -> PyResult<Encoding> {
+    Encoding::from_str_name(&name.to_ascii_uppercase()).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "encoding must be float32, int8 or binary, not {name:?}"
+        ))
+    })
 }
 
 fn to_py(err: IvyError) -> PyErr {

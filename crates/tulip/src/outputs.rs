@@ -2,8 +2,8 @@
 //! multi-vector and token outputs cut from the engine's rows, plus the merge of chunked answers.
 
 use crate::error::{EngineError, TulipError};
-use crate::postprocess::normalized;
-use crate::proto::{EncodeResponse, ModelInfo, Output, SparseVectors, TokenVectors};
+use crate::postprocess::{append_row, normalized, Shape};
+use crate::proto::{EncodeResponse, Encoding, ModelInfo, Output, SparseVectors, TokenVectors};
 use crate::sparse::{sparsify, Pruning};
 
 /// Most bytes of token vectors (multi-vector and hidden states together) one request may ask
@@ -74,9 +74,9 @@ impl Wanted {
         if self.multi_vector {
             per_token += model.multi_vector_dimensions as usize;
         }
-        // The multi-vector head leaves the first token out.
-        let multi =
-            (self.multi_vector as usize) * sequences * model.multi_vector_dimensions as usize;
+        // BGE-M3's head leaves the first token out.
+        let skipped = self.multi_vector && model.multi_vector_skips_first;
+        let multi = (skipped as usize) * sequences * model.multi_vector_dimensions as usize;
         (tokens * per_token).saturating_sub(multi) * 4
     }
 }
@@ -94,6 +94,10 @@ pub struct Cut<'a> {
     pub offsets: &'a [usize],
     pub normalize: bool,
     pub pruning: Pruning,
+    /// Tokens whose multi-vectors are left out (a ColBERT model's skiplist, for documents).
+    pub skip_ids: &'a [u32],
+    /// How dense vectors (before normalization) and multi-vectors (after it) are packed.
+    pub encoding: Encoding,
 }
 
 impl Cut<'_> {
@@ -122,20 +126,21 @@ impl Cut<'_> {
                 let pooled = pool(span.map(|t| &row(t)[..hidden]), &model.pooling, hidden);
                 self.shape(pooled)
             });
-            out.dense = Some(one_a_sequence(vectors, hidden));
+            out.dense = Some(one_a_sequence(vectors, hidden, self.encoding));
         }
         if wanted.tokens {
             let vectors = sequences().map(|span| span.map(|t| row(t)[..hidden].to_vec()).collect());
-            out.tokens = Some(token_vectors(vectors, hidden));
+            out.tokens = Some(token_vectors(vectors, hidden, Encoding::Float32));
         }
         if wanted.multi_vector {
+            let first = model.multi_vector_skips_first as usize;
             let vectors = sequences().map(|span| {
-                // The first token (CLS) has no multi-vector of its own, as FlagEmbedding's.
-                (span.start + 1..span.end)
+                (span.start + first..span.end)
+                    .filter(|&t| !self.skip_ids.contains(&self.token_ids[t]))
                     .map(|t| normalized(&row(t)[hidden..hidden + multi]))
                     .collect()
             });
-            out.multi_vector = Some(token_vectors(vectors, multi));
+            out.multi_vector = Some(token_vectors(vectors, multi, self.encoding));
         }
         if wanted.sparse && model.lexical_weights {
             let weights = sequences().map(|span| {
@@ -163,7 +168,7 @@ impl Cut<'_> {
         };
         if wanted.dense {
             let vectors = (0..self.count()).map(|i| self.shape(row(i).to_vec()));
-            out.dense = Some(one_a_sequence(vectors, dim));
+            out.dense = Some(one_a_sequence(vectors, dim, self.encoding));
         }
         if wanted.sparse && !model.lexical_weights {
             let vectors = (0..self.count()).map(|i| sparsify(row(i), self.pruning));
@@ -172,8 +177,9 @@ impl Cut<'_> {
         out
     }
 
+    /// A dense vector normalized as asked (a quantized one is left as pooled, as Embed's).
     fn shape(&self, vector: Vec<f32>) -> Vec<f32> {
-        if self.normalize {
+        if self.normalize && self.encoding == Encoding::Float32 {
             normalized(&vector)
         } else {
             vector
@@ -221,19 +227,33 @@ pub fn lexical(
     best
 }
 
-fn one_a_sequence(vectors: impl Iterator<Item = Vec<f32>>, dim: usize) -> TokenVectors {
-    token_vectors(vectors.map(|v| vec![v]), dim)
+fn one_a_sequence(
+    vectors: impl Iterator<Item = Vec<f32>>,
+    dim: usize,
+    encoding: Encoding,
+) -> TokenVectors {
+    token_vectors(vectors.map(|v| vec![v]), dim, encoding)
 }
 
-fn token_vectors(sequences: impl Iterator<Item = Vec<Vec<f32>>>, dim: usize) -> TokenVectors {
+fn token_vectors(
+    sequences: impl Iterator<Item = Vec<Vec<f32>>>,
+    dim: usize,
+    encoding: Encoding,
+) -> TokenVectors {
+    let shape = Shape {
+        dimensions: dim,
+        normalize: false,
+        encoding,
+    };
     let mut out = TokenVectors {
         dimensions: dim as u32,
         offsets: vec![0],
         data: Vec::new(),
+        encoding: encoding as i32,
     };
     for rows in sequences {
         for row in &rows {
-            out.data.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+            append_row(row, shape, &mut out.data);
         }
         out.offsets
             .push(out.offsets.last().unwrap() + rows.len() as u32);
@@ -274,6 +294,7 @@ pub fn merge(parts: impl IntoIterator<Item = EncodeResponse>) -> EncodeResponse 
                     dimensions: from.dimensions,
                     offsets: vec![0],
                     data: Vec::new(),
+                    encoding: from.encoding,
                 });
                 continue_offsets(&mut into.offsets, &from.offsets);
                 into.data.extend_from_slice(&from.data);
@@ -310,6 +331,7 @@ mod tests {
             hidden_size: 2,
             multi_vector_dimensions: 2,
             lexical_weights: true,
+            multi_vector_skips_first: true,
             outputs: ["dense", "sparse", "multi_vector", "tokens"]
                 .map(String::from)
                 .to_vec(),
@@ -369,6 +391,8 @@ mod tests {
             offsets: &[0, 4, 6],
             normalize: true,
             pruning: Pruning::default(),
+            skip_ids: &[],
+            encoding: Encoding::Float32,
         };
         let all = Wanted {
             dense: true,
@@ -424,6 +448,60 @@ mod tests {
             wanted.token_vector_bytes(&m3(), 10, 2),
             (10 * 2 + 8 * 2) * 4
         );
+    }
+
+    /// A ColBERT-like model: hidden 1, multi-vectors of 2 for every token.
+    fn colbert() -> ModelInfo {
+        ModelInfo {
+            model_id: "colbert".into(),
+            hidden_size: 1,
+            multi_vector_dimensions: 2,
+            outputs: vec!["multi_vector".into(), "tokens".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_colbert_model_keeps_the_first_token_and_leaves_out_the_skipped_ids() {
+        // ids [1, 9, 4, 2]: 9 is in the skiplist; rows [h | m0 m1].
+        let rows = [
+            [0.0, 2.0, 0.0],
+            [0.0, 1.0, 1.0],
+            [0.0, 0.0, -3.0],
+            [0.0, 3.0, 4.0],
+        ]
+        .concat();
+        let wanted = Wanted {
+            multi_vector: true,
+            ..Default::default()
+        };
+        let mut cut = Cut {
+            token_ids: &[1, 9, 4, 2],
+            offsets: &[0, 4],
+            normalize: true,
+            pruning: Pruning::default(),
+            skip_ids: &[9],
+            encoding: Encoding::Float32,
+        };
+        let multi = cut.from_token_rows(&rows, &colbert(), wanted).multi_vector;
+        let multi = multi.unwrap();
+        assert_eq!(multi.offsets, [0, 3]);
+        assert_eq!(floats(&multi.data), [1.0, 0.0, 0.0, -1.0, 0.6, 0.8]);
+        // Quantized after normalizing: round(tanh(x) * 127), or the signs' bits.
+        cut.encoding = Encoding::Int8;
+        let int8 = cut.from_token_rows(&rows, &colbert(), wanted).multi_vector;
+        let int8 = int8.unwrap();
+        let expected = |x: f32| ((x.tanh() * 127.0).round() as i8) as u8;
+        assert_eq!(int8.encoding, Encoding::Int8 as i32);
+        assert_eq!(
+            int8.data,
+            [1.0, 0.0, 0.0, -1.0, 0.6, 0.8].map(expected).to_vec()
+        );
+        cut.encoding = Encoding::Binary;
+        let bits = cut.from_token_rows(&rows, &colbert(), wanted).multi_vector;
+        assert_eq!(bits.unwrap().data, [0b1000_0000, 0, 0b1100_0000]);
+        let bytes = wanted.token_vector_bytes(&colbert(), 4, 1);
+        assert_eq!(bytes, 4 * 2 * 4);
     }
 
     #[test]

@@ -188,6 +188,8 @@ impl TulipService {
             offsets: &token_step.offsets,
             normalize: request.normalize,
             pruning,
+            skip_ids: &request.multi_vector_skip_ids,
+            encoding: encoding(request.encoding)?,
         };
         let run = |seqs: Sequences| async { Ok::<_, Status>(self.scheduler.run(seqs).await?) };
         let mut answer = if both {
@@ -373,17 +375,18 @@ fn validate(request: &proto::EmbedRequest, info: &ModelInfo) -> Result<Shape, Tu
             )))
         }
     };
-    let Ok(encoding) = Encoding::try_from(request.encoding) else {
-        return Err(TulipError::Validation(format!(
-            "unknown encoding {}",
-            request.encoding
-        )));
-    };
+    let encoding = encoding(request.encoding)?;
     Ok(Shape {
         dimensions,
         normalize: request.normalize,
         encoding,
     })
+}
+
+/// A request's Encoding value, or the error naming an unknown one.
+fn encoding(value: i32) -> Result<Encoding, TulipError> {
+    Encoding::try_from(value)
+        .map_err(|_| TulipError::Validation(format!("unknown encoding {value}")))
 }
 
 /// Checks the sequences of a request (token ids, their type ids, the lengths) against the model.

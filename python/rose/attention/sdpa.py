@@ -58,6 +58,9 @@ class SdpaBackend(AttentionBackend):
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
+        self.key_lengths: list[int] | None = None
+        """Set before `plan`: each sequence's keys are its first so many tokens (every token of
+        it still queries), for ColBERT queries whose expansion tokens no token attends to."""
         self._groups: list[_Group] = []
         self._scatter: torch.Tensor = torch.empty(0, dtype=torch.long)
 
@@ -72,11 +75,14 @@ class SdpaBackend(AttentionBackend):
             lens = torch.tensor([lengths[i] for i in members], device=self.device)
             first = torch.tensor([starts[i] for i in members], device=self.device)
             keep = slot[None, :] < lens[:, None]  # [B, L]
+            keys = keep
+            if self.key_lengths is not None:
+                keys = slot[None, :] < torch.tensor([self.key_lengths[i] for i in members], device=self.device)[:, None]
             # Padded slots read their sequence's first token; the mask hides them.
             gather = first[:, None] + torch.where(keep, slot[None, :], 0)
             mask = None
-            if not bool(keep.all()):
-                mask = keep[:, None, None, :]
+            if not bool(keys.all()):
+                mask = keys[:, None, None, :]
                 if self.spec.causal:
                     mask = mask & torch.ones(length, length, dtype=torch.bool, device=self.device).tril()[None, None]
             window_mask = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from rose.errors import ModelError
 from rose.loading import hub
+from rose.loading.colbert import ColbertSettings, is_colbert
 
 POOLING_MODES = ("mean", "cls", "last", "max", "weightedmean", "splade")
 """The poolings rose.models.pooling computes (sentence-transformers' Pooling modes, and
@@ -91,6 +92,9 @@ class ModelDir:
     """The sentence-transformers modules of modules.json, by kind, in order (empty without one)."""
     splade: dict[str, str] | None = None
     """SpladePooling's config (pooling_strategy, activation_function) where the folder has one."""
+    colbert: ColbertSettings | None = None
+    """A PyLate ColBERT model's settings: its Dense modules then project every token, not a
+    pooled vector."""
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> ModelDir:
@@ -108,7 +112,10 @@ class ModelDir:
                 f"supported: {', '.join(SUPPORTED_MODULES)}"
             )
         st_config = _read_json(root / "config_sentence_transformers.json") or {}
+        colbert = ColbertSettings.read(st_config) if is_colbert(modules, st_config) else None
         max_length = _max_input_length(root, config)
+        if colbert is not None:  # its sentence-transformers limit leaves room for the prefix token
+            max_length = min(max(colbert.query_length, colbert.document_length), _positions(config))
         return cls(
             path=root,
             model_id=_model_id(path, root),
@@ -121,6 +128,7 @@ class ModelDir:
             dense=[root / m["path"] for m, kind in zip(modules, kinds, strict=True) if kind == "Dense"],
             modules=kinds,
             splade=_splade(root, modules),
+            colbert=colbert,
         )
 
     @property
@@ -133,14 +141,22 @@ class ModelDir:
             raise ModelError(f"{self.path} has no tokenizer.json")
         return path.read_bytes()
 
+    def tokenizer(self) -> Any:
+        """The folder's tokenizer (a `tokenizers.Tokenizer`)."""
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.tokenizer_json().decode())
+
+    def special_token_names(self) -> dict[str, Any]:
+        """The tokenizer's special tokens by role (cls_token, mask_token, ...), as the folder's
+        special_tokens_map.json and tokenizer_config.json name them."""
+        return {**(_read_json(self.path / "special_tokens_map.json") or {}),
+                **(_read_json(self.path / "tokenizer_config.json") or {})}  # fmt: skip
+
     def special_token_ids(self) -> list[int]:
         """The ids of the tokenizer's cls, eos, pad and unk tokens (those of them it has), which
         BGE-M3's lexical weights leave out, as FlagEmbedding does."""
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_str(self.tokenizer_json().decode())
-        names = {**(_read_json(self.path / "special_tokens_map.json") or {}),
-                 **(_read_json(self.path / "tokenizer_config.json") or {})}  # fmt: skip
+        tokenizer, names = self.tokenizer(), self.special_token_names()
         ids = []
         for key in ("cls_token", "eos_token", "pad_token", "unk_token"):
             token = names.get(key)
@@ -148,6 +164,19 @@ class ModelDir:
             if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
                 ids.append(int(tokenizer.token_to_id(token)))
         return ids
+
+    def colbert_template(self) -> dict[str, Any] | None:
+        """A ColBERT model's token ids for Ivy (None for other models); refuses a folder whose
+        tokenizer lacks its prefix tokens (PyLate adds them before saving)."""
+        if self.colbert is None:
+            return None
+        template = self.colbert.template(self.tokenizer(), self.special_token_names())
+        for role, prefix in (("query", self.colbert.query_prefix), ("document", self.colbert.document_prefix)):
+            if prefix and template[f"{role}_prefix_id"] is None:
+                raise ModelError(f"{self.path}: the tokenizer has no token for the {role} prefix {prefix!r}")
+        if template["expansion_id"] is None and self.colbert.do_query_expansion:
+            raise ModelError(f"{self.path}: query expansion needs a mask or end-of-sequence token, which it lacks")
+        return template
 
     def template(self) -> dict[str, Any]:
         """The settings Ivy needs to tokenize as the model expects."""
@@ -200,9 +229,7 @@ def _max_input_length(root: Path, config: dict[str, Any]) -> int:
     """The most tokens an input may have: the model's positions, or fewer where
     sentence-transformers says (`max_seq_length` in sentence_bert_config.json; version 6 writes it
     as the tokenizer's `model_max_length` instead)."""
-    positions = int(config.get("max_position_embeddings") or 512)
-    if config.get("model_type") in ("roberta", "xlm-roberta", "mpnet"):
-        positions -= int(config.get("pad_token_id", 1)) + 1  # positions start after the padding id
+    positions = _positions(config)
     st_bert = _read_json(root / "sentence_bert_config.json") or {}
     if st_bert.get("max_seq_length"):
         return min(int(st_bert["max_seq_length"]), positions)
@@ -211,4 +238,12 @@ def _max_input_length(root: Path, config: dict[str, Any]) -> int:
         limit = tokenizer.get("model_max_length")
         if isinstance(limit, int) and 0 < limit < positions:
             return limit
+    return positions
+
+
+def _positions(config: dict[str, Any]) -> int:
+    """The most tokens the model's position embeddings take."""
+    positions = int(config.get("max_position_embeddings") or 512)
+    if config.get("model_type") in ("roberta", "xlm-roberta", "mpnet"):
+        positions -= int(config.get("pad_token_id", 1)) + 1  # positions start after the padding id
     return positions

@@ -85,7 +85,9 @@ class CudaSteps:
         replay: tuple | None = None
         # No sequence is longer than the batch, so the offsets' differences (host time on a
         # query's path before its launch) are taken only past the limit.
-        if self.graphs is not None and fits and (tokens <= limit or _longest(cu) <= limit):
+        # A backend other than the graphs' (one that cannot be captured) runs eagerly.
+        graphed = self.graphs is not None and attention.graph_safe
+        if graphed and fits and (tokens <= limit or _longest(cu) <= limit):
             replay = key if self.graphs.captured(key) else None
             batch = inputs.fill(ids, cu, padded, slots, min(padded, limit), token_type_ids)
             graph_attention = self.graphs.attention_for(key, batch)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rose.attention import AttentionBackend, AutoBackend, create_backend
+from rose.attention.sdpa import SdpaBackend
 from rose.batch import RaggedBatch, as_int32
 from rose.decoder.base import build as build_decoder
 from rose.errors import EngineFatal, ModelError, Overloaded
@@ -25,7 +26,7 @@ from rose.loading.model_dir import POOLING_MODES, ModelDir
 from rose.loading.weights import load_weights
 from rose.models import model_class
 from rose.models.dense import DenseModules
-from rose.models.multi_vector import M3Heads, has_m3_heads
+from rose.models.multi_vector import expansion_key_lengths, token_head
 from rose.models.pooling import pool
 from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
@@ -96,13 +97,17 @@ class Engine:
         self.scoring = resolve_task(task, self.model_dir, self._family, weights, default_instruction)
         if self.scoring is not None:
             self.pooling = self.scoring.pooling
-        self.dense = DenseModules(self.model_dir.dense, self.device) if self.model_dir.dense else None
+        dense = DenseModules(self.model_dir.dense, self.device) if self.model_dir.dense else None
+        # What a token step runs on every token's state: BGE-M3's ColBERT and lexical heads, or a
+        # ColBERT model's Dense modules (which then project tokens, not a pooled vector).
+        self.token_head = None if self.scoring else token_head(self.model_dir, dense, self.device)
+        self.dense = None if self.model_dir.colbert else dense
         # What runs after the pooled states, outside the graphs: a score head, or Dense modules.
         self._head = self.scoring.head if self.scoring else self.dense
-        # BGE-M3's ColBERT and lexical heads, which a token step runs on every token's state.
-        self.m3 = None
-        if self.scoring is None and has_m3_heads(self.model_dir.path):
-            self.m3 = M3Heads(self.model_dir.path, self.model_dir.special_token_ids(), self.device)
+        self.colbert_template = self.model_dir.colbert_template()
+        # ColBERT queries' expansion tokens that no token attends to: steps with them take SDPA
+        # with the keys cut short (no library kernel here takes per-sequence key lengths).
+        self._expansion_attention: SdpaBackend | None = None
         marks.append(time.perf_counter())
         self.model = self._build(weights, self.dtype, self.matmul_dtype)
         self._fp8 = [layer for layer in fp8_layers(self.model) if layer.enabled]
@@ -112,6 +117,10 @@ class Engine:
         self.decoder = build_decoder(requested, decoder_weights() if decoder_weights else None, self.device)
         marks.append(time.perf_counter())
         self.attention = self._attention(attention_backend, defer_attention)
+        colbert = self.model_dir.colbert
+        if colbert is not None and colbert.do_query_expansion and not colbert.attend_to_expansion_tokens:
+            spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
+            self._expansion_attention = SdpaBackend(spec, self.device)
         self.gpu: CudaSteps | None = None
         if on_gpu:
             self.gpu = CudaSteps(self.device, self.max_batch_tokens, self.max_batch_requests, cuda_graphs,
@@ -240,13 +249,17 @@ class Engine:
         return self._guarded(input_ids, cu_seqlens, token_type_ids, self._head, per_token)
 
     @property
-    def token_row_layout(self) -> dict[str, int]:
+    def token_row_layout(self) -> dict[str, int | bool]:
         """What a token's row of a `per_token` step holds, in order: its final hidden state, then
-        BGE-M3's ColBERT vector and lexical weight where the model has them (ModelInfo's names)."""
+        the multi-vector (BGE-M3's ColBERT head's, a ColBERT model's projection) and BGE-M3's
+        lexical weight where the model has them (ModelInfo's names)."""
+        head = self.token_head
         return {
             "hidden_size": int(self.model_dir.config["hidden_size"]),
-            "multi_vector_dimensions": self.m3.multi_vector_dimensions if self.m3 else 0,
-            "lexical_weights": self.m3 is not None,
+            "multi_vector_dimensions": head.multi_vector_dimensions if head else 0,
+            "lexical_weights": bool(head and head.lexical_weights),
+            # BGE-M3's head has no vector for the first token (CLS); a ColBERT model keeps it.
+            "multi_vector_skips_first": bool(head and head.lexical_weights),
         }
 
     @property
@@ -256,7 +269,9 @@ class Engine:
             return []
         if self.pooling == "splade":
             return ["sparse", "tokens"]
-        return ["dense"] + (["sparse", "multi_vector"] if self.m3 is not None else []) + ["tokens"]
+        if self.model_dir.colbert is not None:
+            return ["multi_vector", "tokens"]
+        return ["dense"] + (["sparse", "multi_vector"] if self.token_head is not None else []) + ["tokens"]
 
     def _guarded(
         self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any, head: Any, per_token: bool = False
@@ -297,14 +312,25 @@ class Engine:
             self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
         forward = self._token_rows if per_token else self._forward
         head = None if per_token else head
+        attention = self._attention_for(ids, cu, per_token)
         if self.gpu is None:
             batch = RaggedBatch.from_host(ids, cu, self.device, types)
-            self.attention.plan(batch)
-            rows = forward(batch, self.attention)
+            attention.plan(batch)
+            rows = forward(batch, attention)
             return LazyTensor(head(rows) if head is not None else rows)
         smallest = None if per_token else self.smallest_bucket
-        return self.gpu.step(ids, cu, self.attention, forward, smallest, self.max_input_length, types, head,
-                             per_token)  # fmt: skip
+        return self.gpu.step(ids, cu, attention, forward, smallest, self.max_input_length, types, head, per_token)
+
+    def _attention_for(self, ids: np.ndarray, cu: np.ndarray, per_token: bool) -> AttentionBackend:
+        """The engine's backend, or for a token step with ColBERT queries' expansion tokens SDPA
+        with each sequence's keys ending before them (PyLate's attend_to_expansion_tokens false)."""
+        if not per_token or self._expansion_attention is None:
+            return self.attention
+        keys = expansion_key_lengths(ids, cu, self.colbert_template["expansion_id"])
+        if keys is None:
+            return self.attention
+        self._expansion_attention.key_lengths = keys
+        return self._expansion_attention
 
     def _forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
@@ -315,7 +341,7 @@ class Engine:
     def _token_rows(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """Token ids to a float32 row a token (token_row_layout)."""
         hidden = self.model.forward(batch, attention)
-        return self.m3(hidden, batch) if self.m3 is not None else hidden.float()
+        return self.token_head(hidden, batch) if self.token_head is not None else hidden.float()
 
     def embed_batches(self, batches: Iterable[Sequence[Sequence[int]]], states: bool = False) -> np.ndarray:
         """step()'s rows of token-id sequences (lists or int32 arrays; `states`: a score model's
@@ -382,4 +408,6 @@ class Engine:
         template = self.model_dir.template()
         if self.scoring is not None:
             template["score"] = self.scoring.template
+        if self.colbert_template is not None:
+            template["multi_vector"] = self.colbert_template
         return self.model_dir.tokenizer_json(), json.dumps(template)

@@ -7,7 +7,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tulip::proto::{Output, SparseVectors, TokenVectors};
+use tulip::proto::{Encoding, Output, SparseVectors, TokenVectors};
 use tulip::sparse::Pruning;
 use utoipa::ToSchema;
 
@@ -21,6 +21,7 @@ use crate::gateway::Gateway;
 use crate::input::parse_inputs;
 use crate::replicas::floats;
 use crate::request::TextOptions;
+use crate::template::Role;
 
 /// The fields every output route takes: TEI's inputs and truncation, and sparse pruning.
 #[derive(Deserialize, ToSchema)]
@@ -43,6 +44,10 @@ pub(super) struct OutputsRequest {
     /// Sparse vectors: keep only entries of at least this value.
     #[serde(default)]
     min_value: Option<f64>,
+    /// `query` or `document` (default): a ColBERT model prefixes, pads and cuts each its own way;
+    /// another model takes its prompt of that name where it has one (as Cohere's input_type).
+    #[serde(default)]
+    input_type: Option<String>,
 }
 
 /// One non-zero entry of a sparse vector: a vocabulary index (a token id) and its weight.
@@ -101,6 +106,11 @@ pub(super) struct EncodeRequest {
     #[serde(default = "yes")]
     #[schema(default = true)]
     normalize: bool,
+    /// float (default), int8 (round(tanh(x) * 127), of the dense vector before normalization and
+    /// of each multi-vector after it) or binary (the signs as bits, 8 a byte): the dense vectors
+    /// and multi-vectors come as lists of floats, of int8 values, or of packed bytes.
+    #[serde(default)]
+    encoding_format: Option<String>,
     /// The model name, as clients send it (ignored beyond choosing the model).
     #[serde(default)]
     model: Option<String>,
@@ -111,13 +121,31 @@ pub(super) struct EncodeRequest {
 pub(super) struct EncodedItem {
     index: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
-    dense: Option<Vec<f32>>,
+    dense: Option<Row>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sparse: Option<Vec<SparseValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    multi_vector: Option<Vec<Vec<f32>>>,
+    multi_vector: Option<Rows>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tokens: Option<Vec<Vec<f32>>>,
+}
+
+/// Vectors as their encoding gives them: floats, int8 values, or bytes of packed bits.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum Rows {
+    Float(Vec<Vec<f32>>),
+    Int8(Vec<Vec<i8>>),
+    Binary(Vec<Vec<u8>>),
+}
+
+/// A dense vector as its encoding gives it.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum Row {
+    Float(Vec<f32>),
+    Int8(Vec<i8>),
+    Binary(Vec<u8>),
 }
 
 /// The outputs of every input, in order, with the usage.
@@ -155,18 +183,27 @@ pub(super) async fn encode(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let encoded = gateway
-        .encode("encode", call(&request.common, outputs, request.normalize)?)
-        .await?;
+    let mut call = call(&request.common, outputs, request.normalize)?;
+    call.encoding = match request.encoding_format.as_deref() {
+        None | Some("float") => Encoding::Float32,
+        Some("int8") => Encoding::Int8,
+        Some("binary") => Encoding::Binary,
+        Some(other) => {
+            return Err(IvyError::Validation(format!(
+                "`encoding_format` must be float, int8 or binary, not {other:?}"
+            )))
+        }
+    };
+    let encoded = gateway.encode("encode", call).await?;
     let o = &encoded.outputs;
-    let mut dense = token_vectors(o.dense.as_ref()).into_iter();
+    let mut dense = rows(o.dense.as_ref()).into_iter();
     let mut sparse_vectors = sparse(o.sparse.as_ref()).into_iter();
-    let mut multi = token_vectors(o.multi_vector.as_ref()).into_iter();
+    let mut multi = rows(o.multi_vector.as_ref()).into_iter();
     let mut tokens = token_vectors(o.tokens.as_ref()).into_iter();
     let data = (0..o.count as usize)
         .map(|index| EncodedItem {
             index,
-            dense: dense.next().and_then(|rows| rows.into_iter().next()),
+            dense: dense.next().and_then(Rows::first),
             sparse: sparse_vectors.next(),
             multi_vector: multi.next(),
             tokens: tokens.next(),
@@ -189,17 +226,69 @@ fn call(
     outputs: Vec<Output>,
     normalize: bool,
 ) -> Result<EncodeCall<'_>, IvyError> {
+    let role = match request.input_type.as_deref() {
+        None => None,
+        Some("document") => Some(Role::Document),
+        Some("query") => Some(Role::Query),
+        Some(other) => {
+            return Err(IvyError::Validation(format!(
+                "`input_type` must be query or document, not {other:?}"
+            )))
+        }
+    };
     Ok(EncodeCall {
         inputs: parse_inputs(&request.inputs, "inputs")?,
         text: TextOptions {
             prompt_name: request.prompt_name.as_deref(),
             truncate: request.truncate,
             direction: direction(request.truncation_direction.as_deref())?,
+            max_length: None,
         },
         outputs,
         normalize,
         pruning: pruning(request.top_k, request.min_value)?,
+        encoding: Encoding::Float32,
+        role,
     })
+}
+
+impl Rows {
+    /// A sequence's one row (a dense vector).
+    fn first(self) -> Option<Row> {
+        match self {
+            Rows::Float(rows) => rows.into_iter().next().map(Row::Float),
+            Rows::Int8(rows) => rows.into_iter().next().map(Row::Int8),
+            Rows::Binary(rows) => rows.into_iter().next().map(Row::Binary),
+        }
+    }
+}
+
+/// Each sequence's rows, as their encoding packs them (none when the output is absent).
+fn rows(vectors: Option<&TokenVectors>) -> Vec<Rows> {
+    let Some(v) = vectors else { return Vec::new() };
+    let width = match v.encoding() {
+        Encoding::Float32 => {
+            return token_vectors(vectors)
+                .into_iter()
+                .map(Rows::Float)
+                .collect()
+        }
+        Encoding::Int8 => v.dimensions as usize,
+        Encoding::Binary => (v.dimensions as usize).div_ceil(8),
+    };
+    let row = |r: usize| &v.data[r * width..(r + 1) * width];
+    (v.offsets.windows(2))
+        .map(|w| {
+            let span = w[0] as usize..w[1] as usize;
+            match v.encoding() {
+                Encoding::Int8 => Rows::Int8(
+                    span.map(|r| row(r).iter().map(|&b| b as i8).collect())
+                        .collect(),
+                ),
+                _ => Rows::Binary(span.map(|r| row(r).to_vec()).collect()),
+            }
+        })
+        .collect()
 }
 
 /// Each sequence's sparse entries (none when the output is absent).

@@ -113,6 +113,7 @@ pub(super) async fn tokenize(
         direction: TruncationDirection::Right,
         add_special_tokens: request.add_special_tokens,
         inline: false,
+        max_length: None,
     });
     let texts = parse_inputs(&request.inputs, "inputs")?
         .into_iter()
