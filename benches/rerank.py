@@ -1,15 +1,17 @@
 """Reranking speed: 1 query x N documents of about 200 tokens over HTTP (`/rerank`, a real
 ivy-serve) against the peer on the same pairs in the same run, the two taken in alternating
-slices; pairs/s and the request's p50/p99.
+slices: pairs/s at saturation (`--concurrency` clients), then one request's p50/p99 at a steady
+rate (half the saturated rate unless `--rate`).
 
     python benches/rerank.py --shape ms-marco-minilm --docs 100            # CPU: CrossEncoder.predict
     python benches/rerank.py --shape bge-reranker-base --docs 20
-    python benches/rerank.py --shape qwen3-reranker-0.6b --docs 100 1000 --device cuda   # transformers bf16
+    python benches/rerank.py --shape qwen3-reranker-0.6b --docs 100 1000 --device cuda   # transformers bf16 peer
 
 Random weights in each published shape (the MiniLM tokenizer's 30,522-token vocabulary stands in
 for a shape's own: only the embedding's gather depends on it). The peer: sentence-transformers'
-`CrossEncoder.predict` for the cross-encoders; for Qwen3-Reranker, transformers' causal LM on the
-rendered prompts, batched and sorted by length, reading the yes/no logits at the last token.
+on CUDA transformers in bf16, batches of 32 sorted by length (the causal reranker's yes/no logits
+at the last token of its rendered prompt); on the CPU `CrossEncoder.predict` in float32 for the
+cross-encoders.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -68,19 +71,37 @@ def save(shape: str, folder: Path) -> Path:
 
 
 def peer(shape: str, folder: Path, device: str):
-    """The peer's scorer of (query, document) pairs."""
-    if SHAPES[shape][0] != "qwen3":
+    """The peer's scorer of (query, document) pairs: on CUDA transformers in bf16, batches of 32
+    sorted by length; on the CPU CrossEncoder.predict for the cross-encoders (float32)."""
+    causal = SHAPES[shape][0] == "qwen3"
+    if not causal and device != "cuda":
         from sentence_transformers import CrossEncoder
 
         model = CrossEncoder(str(folder), device=device)
         return lambda pairs: model.predict(pairs, batch_size=32)
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    kind = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+    model = kind.from_pretrained(folder, dtype=dtype).to(device).eval()
+    if not causal:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+
+        def cross(pairs: list[tuple[str, str]]) -> np.ndarray:
+            encoded = tokenizer([q for q, _ in pairs], [d for _, d in pairs], truncation=True)
+            fields = [dict(zip(encoded.keys(), row, strict=True)) for row in zip(*encoded.values(), strict=True)]
+
+            def forward(batch: list[int]) -> torch.Tensor:
+                padded = tokenizer.pad([fields[i] for i in batch], return_tensors="pt").to(device)
+                return model(**padded).logits[:, 0].float().sigmoid()
+
+            return in_sorted_batches([len(f["input_ids"]) for f in fields], forward)
+
+        return cross
 
     from rose.serving.task import QWEN3_RERANKER_TEMPLATE as t
 
     tokenizer = plain_tokenizer(folder)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     prefix, suffix = ids(t["prefix"]), ids(t["suffix"])
     yes, no = tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")
@@ -88,20 +109,36 @@ def peer(shape: str, folder: Path, device: str):
     def score(pairs: list[tuple[str, str]]) -> np.ndarray:
         rendered = [prefix + ids(t["content"].format(instruction=t["default_instruction"], query=q, document=d))
                     + suffix for q, d in pairs]  # fmt: skip
-        order = sorted(range(len(rendered)), key=lambda i: len(rendered[i]))
-        out = np.zeros(len(rendered), dtype=np.float32)
-        for start in range(0, len(order), 32):
-            batch = [rendered[i] for i in order[start : start + 32]]
-            width = max(map(len, batch))
+
+        def forward(batch: list[int]) -> torch.Tensor:
+            width = max(len(rendered[i]) for i in batch)
             # Left padding, so that every sequence's last token is at the end.
-            input_ids = torch.tensor([[0] * (width - len(b)) + b for b in batch], device=device)
-            mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch], device=device)
-            with torch.no_grad():
-                logits = model(input_ids=input_ids, attention_mask=mask).logits[:, -1].float()
-            out[order[start : start + 32]] = torch.sigmoid(logits[:, yes] - logits[:, no]).cpu().numpy()
-        return out
+            input_ids = torch.tensor([[0] * (width - len(rendered[i])) + rendered[i] for i in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(rendered[i])) + [1] * len(rendered[i]) for i in batch],
+                                device=device)  # fmt: skip
+            logits = model(input_ids=input_ids, attention_mask=mask).logits[:, -1].float()
+            return torch.sigmoid(logits[:, yes] - logits[:, no])
+
+        return in_sorted_batches([len(r) for r in rendered], forward)
 
     return score
+
+
+def in_sorted_batches(lengths: list[int], forward, batch: int = 32) -> np.ndarray:
+    """`forward(indices)` over batches of `batch` sequences sorted by length; scores in input order."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    out = np.zeros(len(lengths), dtype=np.float32)
+    with torch.no_grad():
+        for start in range(0, len(order), batch):
+            chosen = order[start : start + batch]
+            out[chosen] = forward(chosen).cpu().numpy()
+    return out
+
+
+def post(session: requests.Session, url: str, body: dict) -> requests.Response:
+    answer = session.post(f"{url}/rerank", json=body, timeout=600)
+    answer.raise_for_status()
+    return answer
 
 
 SPLIT = ("tokenization", "queue", "inference", "transfer", "total")
@@ -115,6 +152,9 @@ def main() -> None:
     parser.add_argument("--doc-tokens", type=int, default=200)
     parser.add_argument("--requests", type=int, default=5, help="requests per slice")
     parser.add_argument("--rounds", type=int, default=3, help="alternating slices of each side")
+    parser.add_argument("--concurrency", type=int, default=4, help="clients in flight at saturation")
+    parser.add_argument("--rate", type=float, help="steady requests/s for the latency (default: half saturation)")
+    parser.add_argument("--latency-requests", type=int, default=50)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--server-arg", action="append", default=[], help="extra ivy-serve flag (repeatable)")
     args = parser.parse_args()
@@ -130,41 +170,50 @@ def main() -> None:
     theirs = peer(args.shape, folder, args.device)
     print(f"{args.shape} on {args.device} ({' '.join(args.server_arg) or 'default flags'}); query of "
           f"{count(query)} tokens, documents of ~{args.doc_tokens} tokens")  # fmt: skip
-    print("| documents | rose over HTTP: pairs/s | p50 ms | p99 ms | peer: pairs/s | ratio (median of slices) |")
-    print("|---|---|---|---|---|---|")
+    print("| documents | rose over HTTP at saturation: pairs/s | steady rate: requests/s | p50 ms | p99 ms "
+          "| peer: pairs/s | ratio (median of slices) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     session = requests.Session()
     try:
         for n in args.docs:
             body = {"query": query, "texts": docs[:n], "truncate": True}
             pairs = [(query, d) for d in docs[:n]]
             for _ in range(5):  # warm: a bucket's graph is captured on its second hit
-                session.post(f"{server.url}/rerank", json=body, timeout=600).raise_for_status()
+                post(session, server.url, body)
             theirs(pairs)
-            ours_rates, peer_rates, latencies = [], [], []
-            split: dict[str, list[float]] = {part: [] for part in SPLIT}
-            for _ in range(args.rounds):
-                start = time.perf_counter()
-                for _ in range(args.requests):
-                    began = time.perf_counter()
-                    answer = session.post(f"{server.url}/rerank", json=body, timeout=600)
-                    answer.raise_for_status()
-                    latencies.append(time.perf_counter() - began)
-                    for part in SPLIT:
-                        split[part].append(float(answer.headers[f"x-{part}-time"]))
-                ours_rates.append(n * args.requests / (time.perf_counter() - start))
-                start = time.perf_counter()
-                for _ in range(args.requests):
-                    theirs(pairs)
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
-                peer_rates.append(n * args.requests / (time.perf_counter() - start))
+            ours_rates, peer_rates = [], []
+            with ThreadPoolExecutor(args.concurrency) as clients:
+                sessions = [requests.Session() for _ in range(args.concurrency)]
+                for _ in range(args.rounds):
+                    start = time.perf_counter()
+                    burst = lambda s, b=body: [post(s, server.url, b) for _ in range(args.requests)]  # noqa: E731
+                    list(clients.map(burst, sessions))
+                    ours_rates.append(n * args.requests * args.concurrency / (time.perf_counter() - start))
+                    start = time.perf_counter()
+                    for _ in range(args.requests):
+                        theirs(pairs)
+                    if args.device == "cuda":
+                        torch.cuda.synchronize()
+                    peer_rates.append(n * args.requests / (time.perf_counter() - start))
+            # Latency at a steady rate: half the saturated request rate, one request at a time.
+            rate = args.rate or statistics.median(ours_rates) / n / 2
+            latencies, split = [], {part: [] for part in SPLIT}
+            due = time.perf_counter()
+            for _ in range(args.latency_requests):
+                time.sleep(max(0.0, due - time.perf_counter()))
+                due += 1 / rate
+                began = time.perf_counter()
+                answer = post(session, server.url, body)
+                latencies.append(time.perf_counter() - began)
+                for part in SPLIT:
+                    split[part].append(float(answer.headers[f"x-{part}-time"]))
             ratios = [a / b for a, b in zip(ours_rates, peer_rates, strict=True)]
             p50, p99 = np.percentile(latencies, [50, 99]) * 1000
-            print(f"| {n} | {statistics.median(ours_rates):,.1f} | {p50:.1f} | {p99:.1f} | "
+            print(f"| {n} | {statistics.median(ours_rates):,.1f} | {rate:.1f} | {p50:.1f} | {p99:.1f} | "
                   f"{statistics.median(peer_rates):,.1f} | {statistics.median(ratios):.2f}x "
                   f"({', '.join(f'{r:.2f}' for r in ratios)}) |")  # fmt: skip
             medians = ", ".join(f"{part} {statistics.median(v):.2f}" for part, v in split.items())
-            print(f"  server-side medians, ms: {medians}", file=sys.stderr)
+            print(f"  server-side medians at the steady rate, ms: {medians}", file=sys.stderr)
     finally:
         server.stop()
 

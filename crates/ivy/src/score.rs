@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::channel::mpsc;
 use futures::future::try_join_all;
+use futures::stream::{FuturesOrdered, StreamExt, TryStreamExt};
 use tokenizers::TruncationDirection;
 use tulip::proto::Encoding;
 
@@ -16,6 +18,10 @@ use crate::replicas::floats;
 use crate::request::{EmbedCall, Timings};
 use crate::template::PairTemplate;
 use crate::tokenization::{EncodeOptions, Encoded, PairOptions, Rendered, INLINE_BYTES};
+
+/// Tokens of pairs gathered before they go to Tulip while the rest are still tokenized: a few
+/// hundred tokens already fill a small model's step, and Tulip packs groups that wait together.
+const PIPELINE_TOKENS: usize = 2048;
 
 /// One input of `/predict`: a text, or a pair of texts.
 pub type PredictInput = (String, Option<String>);
@@ -95,25 +101,48 @@ impl Gateway {
             overlap: (call.long_inputs.unwrap_or(self.args().long_inputs) == LongInputs::Chunk)
                 .then_some(self.args().chunk_overlap),
         });
-        let windows = try_join_all(
-            call.documents
-                .into_iter()
-                .enumerate()
-                .map(|(i, document)| self.tokenizer().encode_pair(i, document, options.clone())),
-        )
-        .await?;
-        let tokenization = start.elapsed();
-        let counts: Vec<usize> = windows.iter().map(Vec::len).collect();
-        let pairs: Vec<Encoded> = windows.into_iter().flatten().collect();
-        let tokens = pairs.iter().map(|e| e.ids.len()).sum();
-        let (window_scores, labels, mut timings) =
-            self.score_encoded(pairs, call.raw_scores).await?;
+        // Pairs go to Tulip in groups as they come out of the tokenizer pool (in order), so the
+        // first steps run while the rest are still being tokenized.
+        let (groups, grouped) = mpsc::unbounded::<Vec<Encoded>>();
+        let tokenize = async move {
+            let mut tokenized: FuturesOrdered<_> = (call.documents.into_iter().enumerate())
+                .map(|(i, document)| self.tokenizer().encode_pair(i, document, options.clone()))
+                .collect();
+            let mut gather = Gather::new(PIPELINE_TOKENS);
+            let mut counts = Vec::new();
+            while let Some(windows) = tokenized.try_next().await? {
+                counts.push(windows.len());
+                if let Some(group) = gather.push(windows) {
+                    let _ = groups.unbounded_send(group);
+                }
+            }
+            if let Some(group) = gather.finish() {
+                let _ = groups.unbounded_send(group);
+            }
+            Ok::<_, IvyError>((counts, start.elapsed()))
+        };
+        let score = grouped
+            .map(|pairs| {
+                let tokens: usize = pairs.iter().map(|e| e.ids.len()).sum();
+                async move {
+                    Ok::<_, IvyError>((tokens, self.score_encoded(pairs, call.raw_scores).await?))
+                }
+            })
+            .buffered(usize::MAX)
+            .try_collect::<Vec<_>>();
+        let ((counts, tokenization), answers) = futures::try_join!(tokenize, score)?;
+        let tokens = answers.iter().map(|(tokens, _)| tokens).sum();
+        let labels = answers.first().map_or(1, |(_, (_, labels, _))| *labels);
         if labels != 1 {
             return Err(IvyError::Unsupported(format!(
                 "{} scores {labels} labels; reranking needs one (use /predict)",
                 self.model().model_id
             )));
         }
+        let mut timings = (answers.iter().map(|(_, (_, _, t))| *t))
+            .max_by_key(|t| t.queue + t.inference + t.transfer)
+            .unwrap_or_default();
+        let window_scores: Vec<f32> = answers.into_iter().flat_map(|(_, (s, _, _))| s).collect();
         let scores = best_windows(&window_scores, &counts);
         timings.characters = characters;
         Ok(self.finish(route, scores, tokens, tokenization, timings, start))
@@ -311,6 +340,65 @@ mod tests {
         );
         assert_eq!(rank(&scores, Some(2)), [(1, 0.9), (3, 0.9)]);
         assert_eq!(rank(&scores, Some(10)).len(), 4);
+    }
+}
+
+/// Encoded pairs gathered, in order, into groups of at least `limit` tokens (the last smaller).
+struct Gather {
+    limit: usize,
+    pending: Vec<Encoded>,
+    tokens: usize,
+}
+
+impl Gather {
+    fn new(limit: usize) -> Gather {
+        Gather {
+            limit,
+            pending: Vec::new(),
+            tokens: 0,
+        }
+    }
+
+    /// Adds a document's windows; returns a group once it holds `limit` tokens.
+    fn push(&mut self, windows: Vec<Encoded>) -> Option<Vec<Encoded>> {
+        self.tokens += windows.iter().map(|e| e.ids.len()).sum::<usize>();
+        self.pending.extend(windows);
+        (self.tokens >= self.limit).then(|| {
+            self.tokens = 0;
+            std::mem::take(&mut self.pending)
+        })
+    }
+
+    /// What is left, if anything.
+    fn finish(self) -> Option<Vec<Encoded>> {
+        (!self.pending.is_empty()).then_some(self.pending)
+    }
+}
+
+#[cfg(test)]
+mod gather_tests {
+    use super::{Encoded, Gather};
+
+    fn pair(tokens: usize) -> Vec<Encoded> {
+        vec![Encoded {
+            ids: vec![0; tokens],
+            types: None,
+        }]
+    }
+
+    #[test]
+    fn groups_close_at_the_limit_in_order_and_the_rest_comes_last() {
+        let mut gather = Gather::new(10);
+        assert!(gather.push(pair(4)).is_none());
+        let group = gather.push(pair(6)).expect("10 tokens close a group");
+        assert_eq!(
+            group.iter().map(|e| e.ids.len()).collect::<Vec<_>>(),
+            [4, 6]
+        );
+        assert_eq!(gather.push(pair(30)).map(|g| g.len()), Some(1));
+        assert!(gather.push(pair(3)).is_none());
+        assert_eq!(gather.finish().map(|g| g[0].ids.len()), Some(3));
+        assert!(Gather::new(10).finish().is_none());
     }
 }
 
