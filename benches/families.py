@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from corpus import passages  # noqa: E402
-from support import EMBEDDINGGEMMA, MPNET_BASE, save_embeddinggemma, save_mpnet, start_server  # noqa: E402
+from support import EMBEDDINGGEMMA, MPNET_BASE, plain_tokenizer, save_embeddinggemma, save_mpnet, start_server  # noqa: E402
 from timing import alternate, http_batches, report  # noqa: E402
 
 FAMILIES = {
@@ -47,9 +47,8 @@ def main() -> None:
     folder = save(tmp / args.family, sizes)
 
     from sentence_transformers import SentenceTransformer
-    from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = plain_tokenizer(folder)
     count = lambda t: len(tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
     texts = passages(args.docs, 32, 256, count)
     on_gpu = args.device.startswith("cuda")

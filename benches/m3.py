@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from corpus import passages  # noqa: E402
-from support import save_bge_m3, start_server  # noqa: E402
+from support import plain_tokenizer, save_bge_m3, start_server  # noqa: E402
 from timing import alternate, in_batches, report  # noqa: E402
 
 XLMR_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
@@ -44,11 +44,10 @@ def main() -> None:
     folder = save_bge_m3(tmp / "bge-m3", **sizes)
 
     from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
-    from tokenizers import Tokenizer
 
     import tulip
 
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = plain_tokenizer(folder)
     count = lambda t: len(tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
     texts = passages(args.docs, 32, 256, count)
     tokens = {t: len(tokenizer.encode(t).ids) for t in texts}

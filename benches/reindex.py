@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from corpus import passages  # noqa: E402
-from support import start_server  # noqa: E402
+from support import plain_tokenizer, start_server  # noqa: E402
 from timing import http_batches  # noqa: E402
 
 
@@ -57,12 +57,10 @@ def main() -> None:
     p.add_argument("--embed-arg", action="append", default=[], help="extra ivy-embed flag (repeatable)")
     args = p.parse_args()
 
-    from tokenizers import Tokenizer
-
     import rose
 
     root = Path(args.model) if args.model else rose.default_model_path()
-    tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+    tokenizer = plain_tokenizer(root)
     count = lambda t: len(tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
     texts = passages(args.docs, args.min_tokens, args.max_tokens, count)
     tmp = Path(tempfile.mkdtemp(prefix="reindex-"))

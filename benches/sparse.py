@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from corpus import passages  # noqa: E402
-from support import SPLADE_BASE, save_splade, start_server  # noqa: E402
+from support import SPLADE_BASE, plain_tokenizer, save_splade, start_server  # noqa: E402
 from timing import alternate, post_batches, report  # noqa: E402
 
 
@@ -39,9 +39,8 @@ def main() -> None:
     folder = save_splade(tmp / "splade", **sizes)
 
     from sentence_transformers import SparseEncoder
-    from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = plain_tokenizer(folder)
     count = lambda t: len(tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
     texts = passages(args.docs, 32, 256, count)
     on_gpu = args.device.startswith("cuda")
