@@ -9,7 +9,7 @@ from pathlib import Path
 
 import requests
 
-from support import start_server
+from support import pair_ids, save_cross_encoder, start_server
 
 
 def test_large_requests_past_the_token_budget_get_429_and_queries_do_not(tmp_path: Path) -> None:
@@ -76,5 +76,29 @@ def test_large_requests_that_would_wait_past_half_the_deadline_get_429_not_504(t
         assert 504 not in codes and set(codes) == {200, 429}, sorted(set(codes))
         refused = [(text, retry_after) for code, text, retry_after in results if code == 429]
         assert all("to drain" in text and int(retry_after) >= 1 for text, retry_after in refused), refused[0]
+    finally:
+        server.stop()
+
+
+def test_a_rerank_larger_than_the_queue_budget_runs_and_its_total_is_limited(tmp_path: Path) -> None:
+    """A rerank's pairs go to the engine in groups of about 2,048 tokens as they are tokenized;
+    the request is admitted once, so its later groups wait for the queue (here smaller than one
+    group) instead of being refused, and --max-request-tokens bounds the whole request."""
+    folder = save_cross_encoder(tmp_path / "ms-marco-tiny")
+    query = "which passage is about admission?"
+    docs = [f"passage {i} about admission by tokens rather than requests, " * 20 for i in range(60)]
+    total = sum(len(pair_ids(folder, query, d)[0]) for d in docs)
+    assert total > 3 * 2048, total  # several groups
+    server = start_server(tmp_path, "--model", str(folder), "--max-queued-tokens", "1500",
+                          "--max-request-tokens", str(total + 10))  # fmt: skip
+    try:
+        answer = requests.post(f"{server.url}/rerank", json={"query": query, "texts": docs}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert sorted(r["index"] for r in answer.json()) == list(range(len(docs)))
+        more = docs + docs[:1]
+        refused = requests.post(f"{server.url}/rerank", json={"query": query, "texts": more}, timeout=120)
+        assert refused.status_code == 413, refused.text
+        assert "--max-request-tokens" in refused.json()["error"]
+        assert requests.post(f"{server.url}/rerank", json={"query": query, "texts": docs}, timeout=120).ok
     finally:
         server.stop()

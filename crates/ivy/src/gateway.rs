@@ -293,12 +293,7 @@ impl Gateway {
     /// the whole budget runs alone.
     pub fn admit_tokens(&self, tokens: usize) -> Result<Option<Admission>, IvyError> {
         let args = self.args();
-        if tokens > args.max_request_tokens {
-            return Err(IvyError::TooLarge(format!(
-                "the request has {tokens} tokens, more than the server's --max-request-tokens ({})",
-                args.max_request_tokens
-            )));
-        }
+        self.check_request_tokens(tokens)?;
         if tokens <= SMALL_REQUEST_TOKENS {
             return Ok(None);
         }
@@ -314,12 +309,48 @@ impl Gateway {
         let permit = (served.queued_tokens.clone())
             .try_acquire_many_owned(wanted)
             .map_err(|_| IvyError::Overloaded)?;
-        Ok(Some(Admission {
+        Ok(Some(self.admission(permit, tokens)))
+    }
+
+    /// Queues a later part of an admitted request (a pipelined rerank's next group of pairs;
+    /// `total`: the request's tokens so far, this part's included): 413 past
+    /// --max-request-tokens; otherwise it waits for room in the queue instead of refusing work
+    /// the request has begun, and the drain rate is not asked again, since the request's own
+    /// earlier parts are most of the queue it would see.
+    pub async fn join_queue(
+        &self,
+        tokens: usize,
+        total: usize,
+    ) -> Result<Option<Admission>, IvyError> {
+        self.check_request_tokens(total)?;
+        if tokens <= SMALL_REQUEST_TOKENS {
+            return Ok(None);
+        }
+        let wanted = tokens.min(self.args().max_queued_tokens).max(1) as u32;
+        let permit = (self.served().queued_tokens.clone())
+            .acquire_many_owned(wanted)
+            .await
+            .map_err(|_| IvyError::Overloaded)?;
+        Ok(Some(self.admission(permit, tokens)))
+    }
+
+    fn check_request_tokens(&self, tokens: usize) -> Result<(), IvyError> {
+        let most = self.args().max_request_tokens;
+        if tokens > most {
+            return Err(IvyError::TooLarge(format!(
+                "the request has {tokens} tokens, more than the server's --max-request-tokens ({most})"
+            )));
+        }
+        Ok(())
+    }
+
+    fn admission(&self, permit: OwnedSemaphorePermit, tokens: usize) -> Admission {
+        Admission {
             permit,
             tokens,
-            drain: served.drain.clone(),
-            budget: args.max_queued_tokens,
-        }))
+            drain: self.served().drain.clone(),
+            budget: self.args().max_queued_tokens,
+        }
     }
 }
 

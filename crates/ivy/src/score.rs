@@ -12,7 +12,7 @@ use tulip::proto::Encoding;
 
 use crate::config::LongInputs;
 use crate::error::IvyError;
-use crate::gateway::Gateway;
+use crate::gateway::{Admission, Gateway};
 use crate::input::Input;
 use crate::replicas::floats;
 use crate::request::{EmbedCall, Timings};
@@ -102,30 +102,45 @@ impl Gateway {
                 .then_some(self.args().chunk_overlap),
         });
         // Pairs go to Tulip in groups as they come out of the tokenizer pool (in order), so the
-        // first steps run while the rest are still being tokenized.
-        let (groups, grouped) = mpsc::unbounded::<Vec<Encoded>>();
+        // first steps run while the rest are still being tokenized. The first group is admitted
+        // as any request is; the later ones join it in the queue.
+        let (groups, grouped) = mpsc::unbounded::<(Vec<Encoded>, Option<Admission>)>();
         let tokenize = async move {
             let mut tokenized: FuturesOrdered<_> = (call.documents.into_iter().enumerate())
                 .map(|(i, document)| self.tokenizer().encode_pair(i, document, options.clone()))
                 .collect();
             let mut gather = Gather::new(PIPELINE_TOKENS);
             let mut counts = Vec::new();
+            let mut total = 0;
+            let mut send = async |group: Vec<Encoded>| {
+                let tokens: usize = group.iter().map(|e| e.ids.len()).sum();
+                let admission = if total == 0 {
+                    self.admit_tokens(tokens)?
+                } else {
+                    self.join_queue(tokens, total + tokens).await?
+                };
+                total += tokens;
+                let _ = groups.unbounded_send((group, admission));
+                Ok::<_, IvyError>(())
+            };
             while let Some(windows) = tokenized.try_next().await? {
                 counts.push(windows.len());
                 if let Some(group) = gather.push(windows) {
-                    let _ = groups.unbounded_send(group);
+                    send(group).await?;
                 }
             }
             if let Some(group) = gather.finish() {
-                let _ = groups.unbounded_send(group);
+                send(group).await?;
             }
             Ok::<_, IvyError>((counts, start.elapsed()))
         };
         let score = grouped
-            .map(|pairs| {
+            .map(|(pairs, queued)| {
                 let tokens: usize = pairs.iter().map(|e| e.ids.len()).sum();
                 async move {
-                    Ok::<_, IvyError>((tokens, self.score_encoded(pairs, call.raw_scores).await?))
+                    let scored = self.score_encoded(pairs, call.raw_scores).await?;
+                    drop(queued);
+                    Ok::<_, IvyError>((tokens, scored))
                 }
             })
             .buffered(usize::MAX)
@@ -197,6 +212,7 @@ impl Gateway {
         .await?;
         let tokens = encoded.iter().map(|e| e.ids.len()).sum();
         let tokenization = start.elapsed();
+        let _queued = self.admit_tokens(tokens)?;
         let (scores, labels, mut timings) = self.score_encoded(encoded, raw_scores).await?;
         timings.tokenization = tokenization;
         timings.total = start.elapsed();
@@ -206,7 +222,8 @@ impl Gateway {
         Ok((scores, labels, tokens, timings))
     }
 
-    /// Sends encoded sequences to the replicas' Score: the scores, labels a sequence, timings.
+    /// Sends encoded sequences (admitted by the caller) to the replicas' Score: the scores,
+    /// labels a sequence, timings.
     async fn score_encoded(
         &self,
         encoded: Vec<Encoded>,
@@ -224,7 +241,6 @@ impl Gateway {
             Vec::new()
         };
         let sequences: Vec<Vec<u32>> = encoded.into_iter().map(|e| e.ids).collect();
-        let _queued = self.admit_tokens(sequences.iter().map(Vec::len).sum())?;
         let (scores, labels, chunk) = self.replicas().score(&sequences, &types, raw).await?;
         let timings = Timings {
             queue: chunk.queue,
