@@ -81,16 +81,16 @@ def test_large_requests_that_would_wait_past_half_the_deadline_get_429_not_504(t
 
 
 def test_a_rerank_larger_than_the_queue_budget_runs_and_its_total_is_limited(tmp_path: Path) -> None:
-    """A rerank's pairs go to the engine in groups of about 2,048 tokens as they are tokenized;
+    """A rerank's pairs go to the engine in groups of about 16,384 tokens as they are tokenized;
     the request is admitted once, so its later groups wait for the queue (here smaller than one
     group) instead of being refused, and --max-request-tokens bounds the whole request."""
     folder = save_cross_encoder(tmp_path / "ms-marco-tiny")
     query = "which passage is about admission?"
-    docs = [f"passage {i} about admission by tokens rather than requests, " * 20 for i in range(60)]
+    docs = [f"passage {i} about admission by tokens rather than requests, " * 20 for i in range(300)]
     total = sum(len(pair_ids(folder, query, d)[0]) for d in docs)
-    assert total > 3 * 2048, total  # several groups
-    server = start_server(tmp_path, "--model", str(folder), "--max-queued-tokens", "1500",
-                          "--max-request-tokens", str(total + 10))  # fmt: skip
+    assert total > 3 * 16384, total  # several groups
+    server = start_server(tmp_path, "--model", str(folder), "--max-queued-tokens", "10000",
+                          "--max-client-batch-size", "400", "--max-request-tokens", str(total + 10))  # fmt: skip
     try:
         answer = requests.post(f"{server.url}/rerank", json={"query": query, "texts": docs}, timeout=120)
         assert answer.status_code == 200, answer.text

@@ -19,9 +19,10 @@ use crate::request::{EmbedCall, Timings};
 use crate::template::PairTemplate;
 use crate::tokenization::{EncodeOptions, Encoded, PairOptions, Rendered, INLINE_BYTES};
 
-/// Tokens of pairs gathered before they go to Tulip while the rest are still tokenized: a few
-/// hundred tokens already fill a small model's step, and Tulip packs groups that wait together.
-const PIPELINE_TOKENS: usize = 2048;
+/// Tokens of pairs gathered before they go to Tulip while the rest are still tokenized: about a
+/// GPU step's budget. Smaller groups start the GPU sooner but make steps of shapes no warm-up
+/// saw, which raised a 100-document request's p99 (benches/RESULTS.md, reranking on the H200).
+const PIPELINE_TOKENS: usize = 16384;
 
 /// One input of `/predict`: a text, or a pair of texts.
 pub type PredictInput = (String, Option<String>);

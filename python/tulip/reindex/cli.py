@@ -20,9 +20,6 @@ WARMUP = "512x8"
 """The in-process engine's warm-up step (8 sequences of 64 tokens): longer than any short-query
 path, so the attention backends of long batches are imported and checked before the clock starts."""
 
-SWITCH_INTERVAL = 0.0005
-"""Seconds a thread holds the GIL before another may take it (Python's default: 0.005)."""
-
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -51,8 +48,8 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     eng.add_argument("--dtype", default="auto", help="the engine's dtype, as ivy-serve takes it")
     eng.add_argument("--max-batch-tokens", type=int, help="tokens per engine step")
-    # A re-index runs full steps, whose kernel launches hide behind the GPU's work; graphs would
-    # only add a capture for each of the many (tokens, sequences) buckets a corpus hits.
+    # Off until a fault is found: lazy graphs speed a small model's in-process re-index up but abort
+    # the Qwen3 shape with an illegal memory access on steps of many sequences (benches/RESULTS.md).
     eng.add_argument(
         "--cuda-graphs", default="off", choices=("off", "lazy", "eager"), help="as ivy-serve takes it (default: off)"
     )
@@ -67,10 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the command; its exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
-    # The request threads, the corpus reader, the writer and (in-process) the engine's step loop
-    # share the GIL: at the default 5 ms switch interval an answered request, or the next step,
-    # waits behind the reader's long stretch of JSON parsing.
-    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         shard, shards = parse_shard(args.shard)
         corpus = Corpus.open(args.corpus, args.format, args.id_field, args.text_field)
