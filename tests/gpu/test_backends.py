@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import rose
-from rose.attention import BACKENDS, BackendUnavailable
+from rose.attention import BACKENDS, AttentionSpec, BackendUnavailable
+from rose.attention.sdpa import SdpaBackend
+from rose.batch import RaggedBatch
 from rose.ops import kernels
 from support import cosines, encode, save_qwen3, transformers_pooled, varied_texts
 
@@ -56,14 +58,39 @@ def test_qwen3_06b_shape_matches_transformers(qwen3: tuple, backend: str) -> Non
 
 def test_fa2_serves_as_the_first_backend_a_new_engine_runs(qwen3: tuple) -> None:
     # Found on the H200 (benches/logs/h200-2026-12-03-fa2-first-step.log): fa2's first step
-    # under lazy graphs faults (illegal address) when an earlier FlashInfer backend was replaced
-    # unused, with a private workspace or the shared one; built with fa2 and never switched, or
-    # after torch's steps, or without graphs, it does not. Open in issue 43.
+    # under lazy graphs faulted (illegal address) when an earlier FlashInfer backend was replaced
+    # unused: its graph wrapper's pinned plan buffer, reused from the replaced one's, held stale
+    # tiles (see the next test).
     engine = rose.Engine(qwen3[0].model_dir.path, device="cuda", verify=False, fused_decoder="off")
     sequences = qwen3[1]
     got = [with_backend(engine, "fa2").embed_ids(sequences) for _ in range(3)]
     torch.cuda.synchronize()
     assert min(float(cosines(g, qwen3[2]).min()) for g in got) >= THRESHOLD
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_a_graph_wrapper_replanned_with_fewer_tiles_reads_none_of_the_earlier_plan(backend: str) -> None:
+    # FA2 in graph mode launches a block per tile the bucket could hold; without split-KV the
+    # blocks past a plan's tiles read entries it did not write. A first plan whose last sequence
+    # has 60 tiles, then one of short sequences only: its stale tiles lie past every sequence's end.
+    # This aborted ivy-embed's in-process re-index of the Qwen3 shape under lazy graphs.
+    spec = AttentionSpec(num_heads=16, num_kv_heads=8, head_dim=128, causal=False, dtype=torch.bfloat16)
+    device = torch.device("cuda")
+    rows, slots = 4096, 256
+    graph_backend = BACKENDS[backend](spec, device).for_graph((rows, slots), None)
+    generator = torch.Generator(device).manual_seed(0)
+    for lengths in ([1] * (slots - 1) + [rows - slots + 1], [rows // slots] * slots):
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        batch = RaggedBatch.from_host(np.zeros(rows, np.int32), cu, device)
+        q, k, v = (torch.randn(rows, h, 128, device=device, dtype=torch.bfloat16, generator=generator)
+                   for h in (16, 8, 8))  # fmt: skip
+        graph_backend.plan(batch)
+        got = graph_backend(q, k, v)
+        torch.cuda.synchronize()
+        sdpa = SdpaBackend(spec, device)
+        sdpa.plan(batch)
+        want = sdpa(q, k, v)
+        assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2), lengths[:3]
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])

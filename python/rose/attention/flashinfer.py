@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +17,19 @@ _WORKSPACE_BYTES = 512 << 20
 # FlashInfer compiles head dims 64, 128 and 256 only; smaller heads are zero-padded up to 64
 # (the padded lanes add nothing to q.k, and the softmax scale stays the real head dim's).
 _SMALLEST_HEAD_DIM = 64
+# FA2's smallest query tile, and more thread blocks than an SM ever holds: the bounds of its plan.
+_SMALLEST_QUERY_TILE = 16
+_MOST_BLOCKS_PER_SM = 32
+
+
+def fa2_graph_plan_bytes(rows: int, sequences: int, group: int, num_kv_heads: int, sms: int) -> int:
+    """An upper bound on the bytes an FA2 plan in CUDA-graph mode fills at the head of its int
+    workspace: three arrays of one entry a launched block (tiles of at least 16 packed query rows,
+    one partial tile per sequence, or the occupancy grid if that is larger), the output offsets,
+    and the alignment of each (FlashInfer's PrefillPlan)."""
+    tiles = -(-rows * group // _SMALLEST_QUERY_TILE) + sequences
+    blocks = max(tiles, _MOST_BLOCKS_PER_SM * sms // num_kv_heads)
+    return 4 * (3 * blocks + sequences + 1) + 8 * 16
 
 
 @functools.cache
@@ -52,6 +66,16 @@ class FlashInferBackend(AttentionBackend):
         self.wrapper = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper(
             self.workspace, "NHD", backend=self.variant, **graph_buffers
         )
+        self._stale_plan: np.ndarray | None = None
+        if graph_sequences is not None and self.variant == "fa2":
+            # In graph mode FA2 launches a block for every tile the bucket could hold, and the
+            # blocks past this batch's tiles read plan entries it did not write, unmasked when
+            # split-KV is off: an earlier plan's (or a reused pinned buffer's) tile past a short
+            # sequence's end reads keys out of bounds. Zeroed, they recompute tile 0 of sequence 0
+            # (FlashInfer PR #5176 masks them instead).
+            self._stale_plan = self.wrapper._pin_memory_int_workspace_buffer.numpy()
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            self._plan_bound = (graph_sequences, spec.num_heads // spec.num_kv_heads, spec.num_kv_heads, sms)
 
     @classmethod
     def import_libraries(cls) -> None:
@@ -63,6 +87,8 @@ class FlashInferBackend(AttentionBackend):
 
     def plan(self, batch: RaggedBatch) -> None:
         indptr = batch.cu_seqlens_host
+        if self._stale_plan is not None:
+            self._stale_plan[: fa2_graph_plan_bytes(batch.num_tokens, *self._plan_bound)] = 0
         self.wrapper.plan(
             indptr,
             indptr,
