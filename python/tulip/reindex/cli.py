@@ -48,8 +48,8 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     eng.add_argument("--dtype", default="auto", help="the engine's dtype, as ivy-serve takes it")
     eng.add_argument("--max-batch-tokens", type=int, help="tokens per engine step")
-    # Off until a fault is found: lazy graphs speed a small model's in-process re-index up but abort
-    # the Qwen3 shape with an illegal memory access on steps of many sequences (benches/RESULTS.md).
+    # Off until measured again: lazy graphs speed a small model's in-process re-index up but aborted
+    # the Qwen3 shape on steps of many sequences (FA2's stale graph plans, since zeroed; RESULTS.md).
     eng.add_argument(
         "--cuda-graphs", default="off", choices=("off", "lazy", "eager"), help="as ivy-serve takes it (default: off)"
     )
