@@ -95,6 +95,15 @@ pub struct ErrorBody {
     pub error_type: &'static str,
 }
 
+/// The error answers every route documents beside its own (OpenAPI's 4XX and 5XX ranges).
+#[derive(utoipa::IntoResponses)]
+pub enum ErrorResponses {
+    #[response(status = "4XX", description = "The request cannot be served as sent")]
+    Client(ErrorBody),
+    #[response(status = "5XX", description = "The engine failed or is not ready")]
+    Server(ErrorBody),
+}
+
 impl IntoResponse for IvyError {
     fn into_response(self) -> Response {
         let (status, error_type) = self.status_and_type();

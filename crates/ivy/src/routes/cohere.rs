@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use super::body::JsonBody;
 use super::openai::floats;
 use super::timing::timing_headers;
-use crate::error::{ErrorBody, IvyError};
+use crate::error::{ErrorResponses, IvyError};
 use crate::gateway::Gateway;
 use crate::input::Input;
 use crate::request::{EmbedCall, Embedded};
@@ -83,8 +83,7 @@ pub(super) struct CohereEmbedResponse {
 #[utoipa::path(post, path = "/v2/embed", operation_id = "cohere_embed", tag = "Cohere", request_body = CohereEmbedRequest,
     responses(
         (status = 200, description = "The vectors of each asked type", body = CohereEmbedResponse),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn embed(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<CohereEmbedRequest>,

@@ -15,7 +15,7 @@ use super::body::JsonBody;
 use super::schema::Inputs;
 use super::timing::timing_headers;
 use crate::config::LongInputs;
-use crate::error::{ErrorBody, IvyError};
+use crate::error::{ErrorResponses, IvyError};
 use crate::gateway::Gateway;
 use crate::input::parse_inputs;
 pub(super) use crate::replicas::floats;
@@ -66,8 +66,7 @@ enum Format {
     responses(
         (status = 200, description = "The vectors; with bytes, their raw bytes (see `metadata`)",
          content((EmbeddingsResponse = "application/json"), (Vec<u8> = "application/octet-stream"))),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn embeddings(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<EmbeddingsRequest>,

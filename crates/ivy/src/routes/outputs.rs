@@ -16,7 +16,7 @@ use super::schema::Inputs;
 use super::tei::{direction, yes};
 use super::timing::timing_headers;
 use crate::encode::EncodeCall;
-use crate::error::{ErrorBody, IvyError};
+use crate::error::{ErrorResponses, IvyError};
 use crate::gateway::Gateway;
 use crate::input::parse_inputs;
 use crate::replicas::floats;
@@ -61,8 +61,7 @@ pub(super) struct SparseValue {
     request_body = OutputsRequest,
     responses(
         (status = 200, description = "Each input's non-zero entries, by index", body = Vec<Vec<SparseValue>>),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn embed_sparse(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<OutputsRequest>,
@@ -79,8 +78,7 @@ pub(super) async fn embed_sparse(
     request_body = OutputsRequest,
     responses(
         (status = 200, description = "Each input's tokens' final hidden states", body = Vec<Vec<Vec<f32>>>),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn embed_all(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<OutputsRequest>,
@@ -166,8 +164,7 @@ pub(super) struct Usage {
 #[utoipa::path(post, path = "/encode", operation_id = "encode", tag = "Outputs", request_body = EncodeRequest,
     responses(
         (status = 200, description = "The outputs asked for, per input", body = EncodeResponse),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn encode(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<EncodeRequest>,

@@ -14,7 +14,7 @@ use super::schema::Document;
 use super::tei::direction;
 use super::timing::timing_headers;
 use crate::config::LongInputs;
-use crate::error::{ErrorBody, IvyError};
+use crate::error::{ErrorResponses, IvyError};
 use crate::gateway::Gateway;
 use crate::score::{rank, RerankCall};
 
@@ -52,8 +52,7 @@ pub(super) struct TeiRank {
 #[utoipa::path(post, path = "/rerank", operation_id = "tei_rerank", tag = "TEI", request_body = TeiRerankRequest,
     responses(
         (status = 200, description = "The texts, best first", body = Vec<TeiRank>),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn tei(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<TeiRerankRequest>,
@@ -135,8 +134,7 @@ struct Usage {
 #[utoipa::path(post, path = "/v1/rerank", operation_id = "cohere_rerank_v1", tag = "Cohere", request_body = CohereRerankRequest,
     responses(
         (status = 200, description = "The documents, best first", body = CohereResponse),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn cohere_v1(
     state: State<Gateway>,
     body: JsonBody<CohereRerankRequest>,
@@ -148,8 +146,7 @@ pub(super) async fn cohere_v1(
 #[utoipa::path(post, path = "/v2/rerank", operation_id = "cohere_rerank_v2", tag = "Cohere", request_body = CohereRerankRequest,
     responses(
         (status = 200, description = "The documents, best first", body = CohereResponse),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn cohere_v2(
     state: State<Gateway>,
     body: JsonBody<CohereRerankRequest>,

@@ -18,7 +18,7 @@ use super::openai::floats;
 use super::schema::{Inputs, PredictInputs, TokenIds};
 use super::timing::timing_headers;
 use crate::config::LongInputs;
-use crate::error::{ErrorBody, IvyError};
+use crate::error::{ErrorResponses, IvyError};
 use crate::gateway::Gateway;
 use crate::input::{parse_inputs, Input};
 use crate::request::EmbedCall;
@@ -59,8 +59,7 @@ pub(super) fn yes() -> bool {
 #[utoipa::path(post, path = "/embed", operation_id = "tei_embed", tag = "TEI", request_body = EmbedRequest,
     responses(
         (status = 200, description = "One vector per input", body = Vec<Vec<f32>>),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn embed(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<EmbedRequest>,
@@ -99,8 +98,7 @@ pub(super) struct TokenizeRequest {
 #[utoipa::path(post, path = "/tokenize", operation_id = "tei_tokenize", tag = "TEI", request_body = TokenizeRequest,
     responses(
         (status = 200, description = "Each input's tokens", body = Vec<Vec<Token>>),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn tokenize(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<TokenizeRequest>,
@@ -159,8 +157,7 @@ pub(super) enum Decoded {
 #[utoipa::path(post, path = "/decode", operation_id = "tei_decode", tag = "TEI", request_body = DecodeRequest,
     responses(
         (status = 200, description = "The text", body = Decoded),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn decode(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<DecodeRequest>,
@@ -225,8 +222,7 @@ struct SimilarityInputs {
 #[utoipa::path(post, path = "/similarity", operation_id = "tei_similarity", tag = "TEI", request_body = SimilarityRequest,
     responses(
         (status = 200, description = "One cosine per sentence", body = Vec<f32>),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn similarity(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<SimilarityRequest>,
@@ -274,8 +270,7 @@ enum Predictions {
 #[utoipa::path(post, path = "/predict", operation_id = "tei_predict", tag = "TEI", request_body = PredictRequest,
     responses(
         (status = 200, description = "The labels with their scores", body = Predictions),
-        (status = "4XX", description = "The request cannot be served as sent", body = ErrorBody),
-        (status = "5XX", description = "The engine failed or is not ready", body = ErrorBody)))]
+        ErrorResponses))]
 pub(super) async fn predict(
     State(gateway): State<Gateway>,
     JsonBody(request): JsonBody<PredictRequest>,
