@@ -31,7 +31,7 @@ from support import Server, Tulip, cosines, free_port, replica, save_cross_encod
 # (1 s) can give up a hung replica's chunk here.
 REPLICA_TIMEOUT = 60
 # How long the hung replica stays stopped: far longer than any request under this load takes.
-HANG = 20
+HANG = 25
 GATEWAY_FLAGS = ("--health-interval", "0.25", "--health-timeout", "1", "--replica-timeout", str(REPLICA_TIMEOUT))
 GATEWAY_FLAGS += ("--auto-truncate",)
 
