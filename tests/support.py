@@ -169,6 +169,12 @@ class Tulip:
                 self.process.kill()
 
 
+def metric(url: str, name: str) -> float:
+    """The sum of a server's Prometheus samples whose name starts with `name` (0 before the first)."""
+    lines = requests.get(f"{url}/metrics", timeout=10).text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
+
+
 def replica(info: dict, url: str) -> dict:
     """The /info entry of the replica at `url` (KeyError when it is not there)."""
     return {r["url"]: r for r in info["replicas"]}[url]

@@ -11,16 +11,11 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from support import start_server
+from support import metric, start_server
 
 
 def embed(url: str, inputs: list) -> requests.Response:
     return requests.post(f"{url}/v1/embeddings", json={"input": inputs}, timeout=60)
-
-
-def metric(url: str, name: str) -> float:
-    lines = requests.get(f"{url}/metrics", timeout=10).text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
 
 
 def test_a_failed_step_fails_only_its_requests(tmp_path: Path) -> None:

@@ -24,7 +24,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tulip
-from support import Server, Tulip, cosines, free_port, replica, save_cross_encoder, save_tiny_bert, start_server
+from support import (
+    Server,
+    Tulip,
+    cosines,
+    free_port,
+    metric,
+    replica,
+    save_cross_encoder,
+    save_tiny_bert,
+    start_server,
+)
 
 # A chunk on a 2-core machine, under the load below with three replicas sharing its cores, can
 # take many seconds: --replica-timeout sits far above that, so that only a failed health check
@@ -51,12 +61,6 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
 
 def info(server: Server) -> dict:
     return requests.get(f"{server.url}/info", timeout=10).json()
-
-
-def metric(url: str, name: str) -> float:
-    """The sum of the Prometheus samples whose name starts with `name` (0 before the first)."""
-    lines = requests.get(f"{url}/metrics", timeout=10).text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
 
 
 @dataclass

@@ -105,7 +105,7 @@ impl Gateway {
         // Pairs go to Tulip in groups as they come out of the tokenizer pool (in order), so the
         // first steps run while the rest are still being tokenized. The first group is admitted
         // as any request is; the later ones join it in the queue.
-        let (groups, grouped) = mpsc::unbounded::<(Vec<Encoded>, Option<Admission>)>();
+        let (groups, grouped) = mpsc::unbounded::<(Vec<Encoded>, usize, Option<Admission>)>();
         let tokenize = async move {
             let mut tokenized: FuturesOrdered<_> = (call.documents.into_iter().enumerate())
                 .map(|(i, document)| self.tokenizer().encode_pair(i, document, options.clone()))
@@ -121,7 +121,7 @@ impl Gateway {
                     self.join_queue(tokens, total + tokens).await?
                 };
                 total += tokens;
-                let _ = groups.unbounded_send((group, admission));
+                let _ = groups.unbounded_send((group, tokens, admission));
                 Ok::<_, IvyError>(())
             };
             while let Some(windows) = tokenized.try_next().await? {
@@ -136,13 +136,10 @@ impl Gateway {
             Ok::<_, IvyError>((counts, start.elapsed()))
         };
         let score = grouped
-            .map(|(pairs, queued)| {
-                let tokens: usize = pairs.iter().map(|e| e.ids.len()).sum();
-                async move {
-                    let scored = self.score_encoded(pairs, call.raw_scores).await?;
-                    drop(queued);
-                    Ok::<_, IvyError>((tokens, scored))
-                }
+            .map(|(pairs, tokens, queued)| async move {
+                let scored = self.score_encoded(pairs, call.raw_scores).await?;
+                drop(queued);
+                Ok::<_, IvyError>((tokens, scored))
             })
             .buffered(usize::MAX)
             .try_collect::<Vec<_>>();
