@@ -1,6 +1,7 @@
 """The encoder families on the GPU in bfloat16 against sentence-transformers in float32 on the CPU
 (cosine >= 0.999, the GPU issue's bound), through every attention backend that loads for the
-model (ModernBERT's and EmbeddingGemma's windows on the backends that take one); the ModernBERT
+model (ModernBERT's and EmbeddingGemma's windows on the backends that take one); the decoder
+families (Qwen2, Mistral, Llama) against transformers the same way; the ModernBERT
 cross-encoder's probabilities within 1e-2 of CrossEncoder.predict's."""
 
 from __future__ import annotations
@@ -14,7 +15,19 @@ from test_scoring import DOCS, QUERY, in_order
 
 import rose
 from rose.attention import BACKENDS, BackendUnavailable
-from support import cosines, encode, pair_ids, save_cross_encoder, save_embeddinggemma, save_modernbert, save_mpnet
+from support import (
+    DECODER_FAMILIES,
+    QWEN3_SEQUENCES,
+    cosines,
+    encode,
+    pair_ids,
+    save_cross_encoder,
+    save_decoder,
+    save_embeddinggemma,
+    save_modernbert,
+    save_mpnet,
+    transformers_pooled,
+)
 
 TEXTS = ["a", "a short query", " ".join(f"word{i}" for i in range(150)), "The quick brown fox. " * 20]
 FAMILIES: dict[str, Callable[[Path], Path]] = {
@@ -37,6 +50,20 @@ def test_families_in_bf16_match_float32(tmp_path: Path, family: str, backend: st
     expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_numpy=True)
     for _ in range(3):  # eager, capture, replay where the backend is captured
         assert cosines(encode(engine, TEXTS), expected).min() >= 0.999
+    assert engine.fidelity["worst_cosine"] >= 0.999
+
+
+@pytest.mark.parametrize("family", DECODER_FAMILIES)
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_decoder_families_in_bf16_match_float32(tmp_path: Path, family: str, backend: str) -> None:
+    folder = save_decoder(tmp_path / family, family)
+    try:
+        engine = rose.Engine(folder, device="cuda", attention_backend=backend)
+    except BackendUnavailable as why:
+        pytest.skip(f"{backend} does not serve {family}: {why}")
+    expected = transformers_pooled(folder, QWEN3_SEQUENCES).numpy()
+    for _ in range(3):  # eager, capture, replay
+        assert cosines(engine.embed_ids(QWEN3_SEQUENCES), expected).min() >= 0.999
     assert engine.fidelity["worst_cosine"] >= 0.999
 
 

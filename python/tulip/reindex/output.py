@@ -34,7 +34,13 @@ class Layout:
         with other settings (resuming it would mix two runs' vectors)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         if self.format == "parquet":
-            import pyarrow.parquet  # noqa: F401  (a slow import: here, before the run's clock starts)
+            # Slow first steps, taken here rather than by the writer thread while batches are in
+            # flight: the import, and pyarrow's import of pandas (where installed) on its first
+            # conversion of a Python list, which holds the GIL for about half a second.
+            import pyarrow as pa
+            import pyarrow.parquet  # noqa: F401
+
+            pa.array([""])
 
         manifest = self.folder / f"manifest-{self.shard:05d}-of-{self.shards:05d}.json"
         if manifest.exists():
