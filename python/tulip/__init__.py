@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from tulip._native import GatewayClient, split_batches
+from tulip._native import GatewayClient, Overloaded, split_batches
 
-__all__ = ["Client", "split_batches"]
+__all__ = ["Client", "Overloaded", "split_batches"]
 
 Inputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
 

@@ -126,3 +126,22 @@ def test_ray_data_stage_on_a_local_cluster_equals_the_server(
     by_id = {row["id"]: np.asarray(row["embedding"], dtype=np.float32) for row in rows}
     assert len(rows) == COUNT and sorted(by_id) == ids
     assert cosines(np.stack([by_id[i] for i in ids]), served).min() >= 0.9999
+
+
+def test_a_busy_server_s_429s_are_waited_out_not_fatal(
+    corpus: tuple[Path, list[str], list[str]], served: np.ndarray, tmp_path: Path
+) -> None:
+    from support import metric, start_server
+
+    # Two requests at a time, eight sent: most are turned away at first.
+    busy = start_server(tmp_path, "--auto-truncate", "--max-concurrent-requests", "2")
+    try:
+        path, ids, _ = corpus
+        out, log = tmp_path / "vectors", tmp_path / "busy.log"
+        flags = ("--server", busy.url, "--concurrency", "8", "--batch-size", "25")
+        run = ivy_embed(path, out, "--shard", "0/5", *flags, log=log)
+        assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
+        assert metric(busy.url, 'ivy_errors_total{error_type="overloaded"}') > 0, "no request was turned away"
+    finally:
+        busy.stop()
+    assert_equals_served(out, ids[:400], served[:400])

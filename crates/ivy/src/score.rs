@@ -20,13 +20,9 @@ use crate::template::PairTemplate;
 use crate::tokenization::{EncodeOptions, Encoded, PairOptions, Rendered, INLINE_BYTES};
 
 /// Tokens of pairs gathered before they go to Tulip while the rest are still tokenized: about a
-/// GPU step's budget. Smaller groups throughout make steps of shapes no warm-up saw, which
-/// raised a 100-document request's p99 (benches/RESULTS.md, reranking on the H200).
+/// GPU step's budget. Smaller groups start the GPU sooner but make steps of shapes no warm-up
+/// saw, which raised a 100-document request's p99 (benches/RESULTS.md, reranking on the H200).
 const PIPELINE_TOKENS: usize = 16384;
-
-/// The first group's tokens: a step that starts the GPU after a fifth of a 100-document
-/// request is tokenized and lasts about as long as tokenizing the rest.
-const FIRST_GROUP_TOKENS: usize = 4096;
 
 /// One input of `/predict`: a text, or a pair of texts.
 pub type PredictInput = (String, Option<String>);
@@ -114,7 +110,7 @@ impl Gateway {
             let mut tokenized: FuturesOrdered<_> = (call.documents.into_iter().enumerate())
                 .map(|(i, document)| self.tokenizer().encode_pair(i, document, options.clone()))
                 .collect();
-            let mut gather = Gather::new(FIRST_GROUP_TOKENS, PIPELINE_TOKENS);
+            let mut gather = Gather::new(PIPELINE_TOKENS);
             let mut counts = Vec::new();
             let mut total = 0;
             let mut send = async |group: Vec<Encoded>| {
@@ -361,32 +357,28 @@ mod tests {
     }
 }
 
-/// Encoded pairs gathered, in order, into groups of at least `first` tokens, then of at least
-/// `limit` (the last smaller).
+/// Encoded pairs gathered, in order, into groups of at least `limit` tokens (the last smaller).
 struct Gather {
     limit: usize,
-    next_limit: usize,
     pending: Vec<Encoded>,
     tokens: usize,
 }
 
 impl Gather {
-    fn new(first: usize, limit: usize) -> Gather {
+    fn new(limit: usize) -> Gather {
         Gather {
-            limit: first,
-            next_limit: limit,
+            limit,
             pending: Vec::new(),
             tokens: 0,
         }
     }
 
-    /// Adds a document's windows; returns a group once it holds the current limit's tokens.
+    /// Adds a document's windows; returns a group once it holds `limit` tokens.
     fn push(&mut self, windows: Vec<Encoded>) -> Option<Vec<Encoded>> {
         self.tokens += windows.iter().map(|e| e.ids.len()).sum::<usize>();
         self.pending.extend(windows);
         (self.tokens >= self.limit).then(|| {
             self.tokens = 0;
-            self.limit = self.next_limit;
             std::mem::take(&mut self.pending)
         })
     }
@@ -410,28 +402,17 @@ mod gather_tests {
 
     #[test]
     fn groups_close_at_the_limit_in_order_and_the_rest_comes_last() {
-        let mut gather = Gather::new(5, 10);
+        let mut gather = Gather::new(10);
         assert!(gather.push(pair(4)).is_none());
-        let first = gather
-            .push(pair(2))
-            .expect("6 tokens close the first group");
-        assert_eq!(
-            first.iter().map(|e| e.ids.len()).collect::<Vec<_>>(),
-            [4, 2]
-        );
-        assert!(
-            gather.push(pair(6)).is_none(),
-            "later groups wait for 10 tokens"
-        );
-        let group = gather.push(pair(4)).expect("10 tokens close a group");
+        let group = gather.push(pair(6)).expect("10 tokens close a group");
         assert_eq!(
             group.iter().map(|e| e.ids.len()).collect::<Vec<_>>(),
-            [6, 4]
+            [4, 6]
         );
         assert_eq!(gather.push(pair(30)).map(|g| g.len()), Some(1));
         assert!(gather.push(pair(3)).is_none());
         assert_eq!(gather.finish().map(|g| g[0].ids.len()), Some(3));
-        assert!(Gather::new(5, 10).finish().is_none());
+        assert!(Gather::new(10).finish().is_none());
     }
 }
 

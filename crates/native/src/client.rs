@@ -21,6 +21,14 @@ use tulip::{ApiKeys, TulipArgs, TulipClient};
 
 use crate::engine::EngineArgs;
 
+pyo3::create_exception!(
+    tulip,
+    Overloaded,
+    PyRuntimeError,
+    "The server turned the request away for now (its 429): too many requests or queued tokens; \
+     the same request may succeed later."
+);
+
 /// What `embed` accepts: text, texts, token ids, or lists of token ids.
 #[derive(FromPyObject)]
 enum Inputs {
@@ -343,6 +351,7 @@ fn to_py(err: IvyError) -> PyErr {
         | IvyError::TooLarge(_)
         | IvyError::Unsupported(_) => PyValueError::new_err(err.to_string()),
         IvyError::Unavailable(_) => PyConnectionError::new_err(err.to_string()),
+        IvyError::Overloaded | IvyError::Backlogged { .. } => Overloaded::new_err(err.to_string()),
         _ => PyRuntimeError::new_err(err.to_string()),
     }
 }

@@ -42,5 +42,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve::serve_tulip, m)?)?;
     m.add_function(wrap_pyfunction!(split_batches, m)?)?;
     m.add_class::<client::GatewayClient>()?;
+    m.add("Overloaded", m.py().get_type::<client::Overloaded>())?;
     Ok(())
 }

@@ -48,10 +48,8 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     eng.add_argument("--dtype", default="auto", help="the engine's dtype, as ivy-serve takes it")
     eng.add_argument("--max-batch-tokens", type=int, help="tokens per engine step")
-    # Off until measured again: lazy graphs speed a small model's in-process re-index up but aborted
-    # the Qwen3 shape on steps of many sequences (FA2's stale graph plans, since zeroed; RESULTS.md).
     eng.add_argument(
-        "--cuda-graphs", default="off", choices=("off", "lazy", "eager"), help="as ivy-serve takes it (default: off)"
+        "--cuda-graphs", default="lazy", choices=("off", "lazy", "eager"), help="as ivy-serve takes it (default: lazy)"
     )
     run = p.add_argument_group("batching")
     run.add_argument("--window", type=int, default=4096, help="documents sorted by length together; one part each")
@@ -64,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the command; its exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
+    # Threads waiting on answers share the GIL with the corpus reader: a thread whose answer
+    # arrived waits up to the switch interval (5 ms by default) for it, leaving the engine idle.
+    sys.setswitchinterval(0.0005)
     try:
         shard, shards = parse_shard(args.shard)
         corpus = Corpus.open(args.corpus, args.format, args.id_field, args.text_field)
