@@ -8,9 +8,9 @@ The three sides alternate in rounds (server, ivy-embed --server, ivy-embed in-pr
 this machine's speed drifts; each figure is tokens/s of embedding (ivy-embed's own count, which
 excludes its model load and includes reading the corpus and writing Parquet), and each ratio is
 against the server's median. The server side is a client posting the corpus in length-sorted
-batches of 256 documents, 16 in flight (ivy-embed's defaults), vLLM's raw-bytes encoding, to
-/v1/embeddings, after one pass over the whole corpus that captures the engine's graphs; ivy-embed
-runs with its defaults, so its in-process engine starts cold each round.
+batches of 256 documents, 16 in flight (as many tokens in flight as ivy-embed's 512 x 8), raw
+bytes, to /v1/embeddings, after one pass over the whole corpus that captures the engine's
+graphs; ivy-embed runs with its defaults, so its in-process engine starts cold each round.
 """
 
 from __future__ import annotations

@@ -122,8 +122,8 @@ def reindex(
     shard: range,
     *,
     window: int = 4096,
-    batch_size: int = 256,
-    concurrency: int = 16,
+    batch_size: int = 512,
+    concurrency: int = 8,
 ) -> Totals:
     """Embeds documents `shard` of `corpus` into `layout`'s parts; returns what it did.
 
