@@ -71,3 +71,12 @@ def test_parts_read_back_in_order_and_a_changed_run_is_refused(tmp_path: Path, f
     np.testing.assert_array_equal(out.vectors, vectors)
     with pytest.raises(ValueError, match=r"other settings \(window\)"):
         Layout(tmp_path, 0, 2, fmt, {"window": 3}).prepare()
+
+
+def test_a_batch_turned_away_is_offered_again_until_accepted_or_out_of_patience() -> None:
+    from tulip.reindex.embedders import until_accepted
+
+    answers = iter([None, None, "vectors"])
+    assert until_accepted(lambda: next(answers), "the engine") == "vectors"
+    with pytest.raises(RuntimeError, match="the engine turned a batch away for 0 s"):
+        until_accepted(lambda: None, "the engine", patience=0.1)
