@@ -145,4 +145,3 @@ def test_a_busy_server_s_429s_are_waited_out_not_fatal(
     finally:
         busy.stop()
     assert_equals_served(out, ids[:400], served[:400])
-
