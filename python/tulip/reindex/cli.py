@@ -20,6 +20,9 @@ WARMUP = "512x8"
 """The in-process engine's warm-up step (8 sequences of 64 tokens): longer than any short-query
 path, so the attention backends of long batches are imported and checked before the clock starts."""
 
+SWITCH_INTERVAL = 0.0005
+"""Seconds a thread holds the GIL before another may take it (Python's default: 0.005)."""
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # Threads waiting on answers share the GIL with the corpus reader: a thread whose answer
     # arrived waits up to the switch interval (5 ms by default) for it, leaving the engine idle.
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         shard, shards = parse_shard(args.shard)
         corpus = Corpus.open(args.corpus, args.format, args.id_field, args.text_field)
