@@ -9,7 +9,8 @@ measured copy bandwidth.
     python benches/step_breakdown.py --device cuda --dtype fp8
 
 Steps run eagerly (graphs off) so that the profiler sees each kernel; the same steps' wall time
-under CUDA graphs is printed beside, so the launch cost graphs remove shows too. Prints a
+under CUDA graphs is printed beside, so the launch cost graphs remove shows too, and under graphs
+with the matmuls' epilogue fusions off (rose.ops.kernels.FUSED_EPILOGUES), what they save. Prints a
 Markdown table and a JSON line.
 """
 
@@ -27,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import rose
+from rose.ops import kernels
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from fp8_speed import packed, seconds  # noqa: E402
@@ -127,14 +129,18 @@ def main() -> None:
     steps = packed(docs, 16384)[:-1]  # full steps only
     peaks = measured_peaks()
     timed = {}
-    for graphs in ("lazy", "off"):
+    # The last engine is the profiled one: graphs off, epilogues fused as served.
+    runs = (("unfused", "lazy", False, False), ("triton swiglu", "lazy", True, True), ("lazy", "lazy", True, False),
+            ("off", "off", True, False))  # fmt: skip
+    for name, graphs, fused, swiglu in runs:
+        kernels.FUSED_EPILOGUES, kernels.TRITON_SWIGLU = fused, swiglu
         engine = rose.Engine(folder, device=args.device, dtype=args.dtype, cuda_graphs=graphs, verify=False)
         for _ in range(2):
             engine.embed_batches(steps)
         torch.cuda.synchronize()
         began = time.perf_counter()
         engine.embed_batches(steps)
-        timed[graphs] = (time.perf_counter() - began) / len(steps) * 1e3
+        timed[name] = (time.perf_counter() - began) / len(steps) * 1e3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager engine: graphs off
         engine.embed_batches(steps)
         torch.cuda.synchronize()
@@ -149,7 +155,9 @@ def main() -> None:
     rows["host gaps (eager)"] = max(0.0, timed["off"] - busy)
     rows["host gaps (graphs)"] = max(0.0, timed["lazy"] - busy)
     print(f"{floor['tokens_per_step']:.0f} tokens a step; step {timed['lazy']:.2f} ms under graphs, "
-          f"{timed['off']:.2f} ms eager; peaks {json.dumps({k: round(v, 1) for k, v in peaks.items()})}")  # fmt: skip
+          f"{timed['off']:.2f} ms eager, {timed['unfused']:.2f} ms under graphs with the epilogues unfused, "
+          f"{timed['triton swiglu']:.2f} with SwiGLU in a Triton GEMM; "
+          f"peaks {json.dumps({k: round(v, 1) for k, v in peaks.items()})}")  # fmt: skip
     print("| part | ms a step | share | floor ms |\n|---|---|---|---|")
     for name, ms in rows.items():
         bound = floor.get(name)

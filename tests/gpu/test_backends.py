@@ -93,6 +93,46 @@ def test_a_graph_wrapper_replanned_with_fewer_tiles_reads_none_of_the_earlier_pl
         assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2), lengths[:3]
 
 
+def test_the_products_epilogues_match_the_float32_arithmetic() -> None:
+    # GELU_BIAS (tanh-approximated) for BERT's up-projection, beta = 1 for a decoder's residual add.
+    from rose.models.layers import Linear, activated, add_linear_rmsnorm
+
+    torch.manual_seed(0)
+    cuda = dict(device="cuda", dtype=torch.bfloat16)
+    x, w, bias = torch.randn(300, 768, **cuda), torch.randn(3072, 768, **cuda) / 28, torch.randn(3072, **cuda)
+    residual, norm = torch.randn(300, 3072, **cuda), torch.rand(3072, **cuda) + 0.5
+    assert kernels.fuses_epilogues(x)
+    gelu = activated(Linear(w, bias, torch.bfloat16, torch.bfloat16), x, "gelu")
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(x.float(), w.float(), bias.float()))
+    torch.testing.assert_close(gelu.float(), want, atol=3e-2, rtol=2e-2)
+    want_residual = residual.float() + x.float() @ w.float().t()
+    want = kernels.rmsnorm(want_residual.cpu(), norm.float().cpu(), 1e-6)
+    got = add_linear_rmsnorm(Linear(w, None, torch.bfloat16, torch.bfloat16), x, residual, norm, 1e-6)
+    torch.testing.assert_close(residual.float(), want_residual, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(got.float().cpu(), want, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(12, 12, 64), (16, 8, 128)], ids=["bert-base", "qwen3"])
+def test_flashinfer_reads_q_k_and_v_in_place_from_the_fused_projection(
+    backend: str, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    # The backend hands FlashInfer strided views (no copies): the result must be the copies' exactly.
+    spec = AttentionSpec(heads, kv_heads, head_dim, causal=head_dim == 128, dtype=torch.bfloat16)
+    device = torch.device("cuda")
+    lengths = [1, 7, 64, 129, 300, 511]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    batch = RaggedBatch.from_host(np.zeros(int(cu[-1]), np.int32), cu, device)
+    qkv = torch.randn(int(cu[-1]), (heads + 2 * kv_heads) * head_dim, device=device, dtype=torch.bfloat16)
+    views = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+    q, k, v = (t.view(-1, h, head_dim) for t, h in zip(views, (heads, kv_heads, kv_heads), strict=True))
+    attention = BACKENDS[backend](spec, device)
+    attention.plan(batch)
+    got = attention(q, k, v)
+    want = attention(q.contiguous(), k.contiguous(), v.contiguous())
+    assert not v.is_contiguous() and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_flashinfer_takes_a_step_of_hundreds_of_short_sequences(qwen3: tuple, backend: str) -> None:
     # FlashInfer plans without split-KV: with it, its scratch overflowed the workspace on such
@@ -201,6 +241,7 @@ def test_fused_kernels_match_the_torch_reference(
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     gate_up = torch.randn(tokens, 2 * 3072, **cuda)
+    gamma, beta, ln_residual = torch.rand(hidden, **cuda) + 0.5, torch.randn(hidden, **cuda), torch.randn_like(x)
     positions = torch.randint(0, 512, (tokens,), device="cuda", dtype=torch.int32)
     cache = kernels.rope_cache(head_dim, 1024, 1e6, torch.device("cuda"))
     ref_residual = cpu(residual)
@@ -209,6 +250,7 @@ def test_fused_kernels_match_the_torch_reference(
         "qk-norm": kernels.rmsnorm(cpu(q), cpu(head_weight), 1e-6),
         "add_rmsnorm": kernels.add_rmsnorm(cpu(x), ref_residual, cpu(weight), 1e-6),
         "silu_and_mul": kernels.silu_and_mul(cpu(gate_up)),
+        "add_layernorm": kernels.add_layernorm(cpu(x), cpu(ln_residual), cpu(gamma), cpu(beta), 1e-12),
     }
     rq, rk = cpu(q), cpu(k)
     kernels.apply_rope(rq, rk, positions.cpu(), cache.cpu())
@@ -218,6 +260,7 @@ def test_fused_kernels_match_the_torch_reference(
         "qk-norm": kernels.rmsnorm(q, head_weight, 1e-6),
         "add_rmsnorm": kernels.add_rmsnorm(x.clone(), residual, weight, 1e-6),
         "silu_and_mul": kernels.silu_and_mul(gate_up),
+        "add_layernorm": kernels.add_layernorm(x.clone(), ln_residual, gamma, beta, 1e-12),
     }
     gq, gk = q.contiguous(), k.contiguous()
     kernels.apply_rope(gq, gk, positions, cache)

@@ -104,12 +104,21 @@ class FlashInferBackend(AttentionBackend):
         )
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q, k, v = (t.contiguous() for t in (q, k, v))  # views into the fused QKV projection
+        # Views into the fused QKV projection go in as they are: the kernels take each tensor's
+        # token and head strides, so a copy of each would only cost a pass over it.
+        q, k, v = (t if _strided_ok(t) else t.contiguous() for t in (q, k, v))
         pad = self.head_dim - self.spec.head_dim
         if pad:
             q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
         out = self.wrapper.run(q, k, v)
         return out[..., : self.spec.head_dim] if pad else out
+
+
+def _strided_ok(t: torch.Tensor) -> bool:
+    """Whether FlashInfer reads t [tokens, heads, dim] in place: unit stride within a head, and
+    rows and heads on 16-byte boundaries (its vector loads)."""
+    aligned = t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+    return t.stride(-1) == 1 and aligned
 
 
 class FlashInfer3Backend(FlashInferBackend):

@@ -12,7 +12,8 @@ from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
 from rose.models.heads import TanhClassifier
-from rose.models.layers import ACTIVATIONS, Linear, Weights
+from rose.models.layers import ACTIVATIONS, Linear, Weights, activated
+from rose.ops import kernels
 
 
 @dataclass
@@ -55,7 +56,9 @@ class Bert:
             raise ModelError("only absolute position embeddings are supported for BERT models")
         self.hidden = config["hidden_size"]
         self.eps = config.get("layer_norm_eps", 1e-12)
-        self.activation = ACTIVATIONS[config.get("hidden_act", "gelu")]
+        self.activation = config.get("hidden_act", "gelu")
+        if self.activation not in ACTIVATIONS:
+            raise ModelError(f"activation {self.activation!r} is not supported")
         heads = config["num_attention_heads"]
         self.attention_spec = AttentionSpec(heads, heads, self.hidden // heads, causal=False)
 
@@ -105,9 +108,9 @@ class Bert:
         for layer in self.layers:
             qkv = layer.qkv(x).view(-1, 3, spec.num_heads, spec.head_dim)
             attn = attention(qkv[:, 0], qkv[:, 1], qkv[:, 2]).reshape(-1, self.hidden)
-            x = F.layer_norm(layer.out(attn).add_(x), (self.hidden,), *layer.attn_norm, self.eps)
-            h = self.activation(layer.up(x))
-            x = F.layer_norm(layer.down(h).add_(x), (self.hidden,), *layer.ffn_norm, self.eps)
+            x = kernels.add_layernorm(layer.out(attn), x, *layer.attn_norm, self.eps)
+            h = activated(layer.up, x, self.activation)
+            x = kernels.add_layernorm(layer.down(h), x, *layer.ffn_norm, self.eps)
         return x
 
     @staticmethod

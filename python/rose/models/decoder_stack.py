@@ -12,7 +12,7 @@ import torch
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
-from rose.models.layers import Linear, Weights
+from rose.models.layers import Linear, Weights, add_linear_rmsnorm, swiglu
 from rose.ops import kernels
 
 
@@ -90,12 +90,9 @@ class DecoderStack:
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states after the final norm."""
         spec = self.attention_spec
-        x = self.embed_tokens[batch.input_ids]
-        residual = x.clone()
-        h = kernels.rmsnorm(x, self.layers[0].input_norm, self.eps)
+        residual = self.embed_tokens[batch.input_ids]  # the gather's own copy, added to in place
+        h = kernels.rmsnorm(residual, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
-            if i > 0:
-                h = kernels.add_rmsnorm(x, residual, layer.input_norm, self.eps)
             qkv = layer.qkv(h)
             out = None
             if layer.q_norm is not None:  # QK-norm, RoPE and attention in one launch where it can
@@ -104,10 +101,10 @@ class DecoderStack:
                 q, k = self._rotated(qkv, layer, batch)
                 v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
                 out = attention(q, k, v)
-            x = layer.o(out.reshape(-1, self.q_size))
-            h = kernels.add_rmsnorm(x, residual, layer.post_norm, self.eps)
-            x = layer.down(kernels.silu_and_mul(layer.gate_up(h)))
-        return kernels.add_rmsnorm(x, residual, self.norm, self.eps)
+            h = add_linear_rmsnorm(layer.o, out.reshape(-1, self.q_size), residual, layer.post_norm, self.eps)
+            after = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            h = add_linear_rmsnorm(layer.down, swiglu(layer.gate_up, h), residual, after, self.eps)
+        return h
 
     def _rotated(self, qkv: torch.Tensor, layer: _Layer, batch: RaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """q [tokens, heads, dim] and k [tokens, kv_heads, dim] out of the fused projection, normed

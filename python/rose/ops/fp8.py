@@ -84,6 +84,11 @@ class Fp8Linear:
         self.enabled = out_features % ALIGNMENT == 0 and in_features % ALIGNMENT == 0
         self.qweight, self.scale = quantize_weight(weight) if self.enabled else (None, None)
 
+    @property
+    def plain(self) -> bool:
+        """Whether the matmul runs in 16 bits (FP8 off for this layer, or after a fallback)."""
+        return not self.enabled
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled or x.numel() == 0:
             return F.linear(x, self.weight, self.bias)

@@ -15,6 +15,13 @@ import torch.nn.functional as F
 # Hopper and later), False turns it off.
 ENABLE_PDL: bool | None = None
 
+# Work folded into the matrix products' epilogues on a GPU in 16 bits (a decoder's residual adds,
+# BERT's GELU): benches/step_breakdown.py turns it off to measure what it saves in the same start.
+FUSED_EPILOGUES = True
+# SwiGLU's two products and its activation in one Triton GEMM (rose.ops.triton_swiglu) in place of
+# cuBLAS and the activation kernel, where the epilogues are fused.
+TRITON_SWIGLU = False
+
 # Head dims for FlashInfer's RoPE: at 16 it rotated half of q wrong; the GPU test
 # (tests/gpu/test_backends.py::test_fused_kernels_match_the_torch_reference) checks 64 and 128.
 _FLASHINFER_ROPE_DIMS = (64, 128, 256)
@@ -55,6 +62,11 @@ def _triton_for(x: torch.Tensor) -> ModuleType | None:
     return triton_kernels() if _gpu_16bit(x) else None
 
 
+def fuses_epilogues(x: torch.Tensor) -> bool:
+    """Whether x's matrix products take their residual add or activation in the epilogue."""
+    return FUSED_EPILOGUES and _gpu_16bit(x)
+
+
 # The norms are Triton's, not FlashInfer's: FlashInfer's CUDA norm module takes minutes of nvcc
 # on a fresh machine (its whole norm family is one module), and its default CuTe DSL norms
 # compile again in every process; Triton compiles one kernel in about a second and keeps it.
@@ -78,9 +90,28 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     return rmsnorm(residual, weight, eps)
 
 
+def add_layernorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """LayerNorm(x + residual) over the last dimension (BERT's post-norm); x may be overwritten."""
+    tr = _triton_for(x)
+    if tr is not None and FUSED_EPILOGUES:
+        return tr.add_layernorm(x, residual, weight, bias, eps)
+    return F.layer_norm(x.add_(residual), (x.shape[-1],), weight, bias, eps)
+
+
 # Triton's first: importing FlashInfer takes about a second (it loads the CuTe DSL), which the
 # model's own kernels must not add to the first answer; only the attention backends that need
 # FlashInfer import it, off the start-up path (rose.attention.AutoBackend).
+
+
+def swiglu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for the fused gate/up weight [2 n, k] without a bias."""
+    if TRITON_SWIGLU and fuses_epilogues(x) and triton_kernels() is not None:
+        from rose.ops import triton_swiglu
+
+        return triton_swiglu.swiglu_matmul(x, weight)
+    return silu_and_mul(F.linear(x, weight))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,31 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
 
 
 @triton.jit
+def _add_layernorm(x_ptr, residual_ptr, weight_ptr, bias_ptr, dim, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < dim
+    x = tl.load(x_ptr + row * dim + cols, mask=mask, other=0.0)
+    h = x.to(tl.float32) + tl.load(residual_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(h, axis=0) / dim
+    centred = tl.where(mask, h - mean, 0.0)
+    normed = centred * tl.rsqrt(tl.sum(centred * centred, axis=0) / dim + eps)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x_ptr + row * dim + cols, (normed * weight + bias).to(x.dtype), mask=mask)
+
+
+def add_layernorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """x = LayerNorm(x + residual), in place in one pass (the sum stays in float32); returns x."""
+    assert x.is_contiguous() and residual.is_contiguous()
+    dim = x.shape[-1]
+    _add_layernorm[(x.numel() // dim,)](x, residual, weight, bias, dim, eps, BLOCK=triton.next_power_of_2(dim))
+    return x
+
+
+@triton.jit
 def _silu_and_mul(x_ptr, out_ptr, width, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
