@@ -130,10 +130,8 @@ def main() -> None:
     peaks = measured_peaks()
     timed = {}
     # The last engine is the profiled one: graphs off, epilogues fused as served.
-    runs = (("unfused", "lazy", False, False), ("triton swiglu", "lazy", True, True), ("lazy", "lazy", True, False),
-            ("off", "off", True, False))  # fmt: skip
-    for name, graphs, fused, swiglu in runs:
-        kernels.FUSED_EPILOGUES, kernels.TRITON_SWIGLU = fused, swiglu
+    for name, graphs, fused in (("unfused", "lazy", False), ("lazy", "lazy", True), ("off", "off", True)):
+        kernels.FUSED_EPILOGUES = fused
         engine = rose.Engine(folder, device=args.device, dtype=args.dtype, cuda_graphs=graphs, verify=False)
         for _ in range(2):
             engine.embed_batches(steps)
@@ -155,8 +153,7 @@ def main() -> None:
     rows["host gaps (eager)"] = max(0.0, timed["off"] - busy)
     rows["host gaps (graphs)"] = max(0.0, timed["lazy"] - busy)
     print(f"{floor['tokens_per_step']:.0f} tokens a step; step {timed['lazy']:.2f} ms under graphs, "
-          f"{timed['off']:.2f} ms eager, {timed['unfused']:.2f} ms under graphs with the epilogues unfused, "
-          f"{timed['triton swiglu']:.2f} with SwiGLU in a Triton GEMM; "
+          f"{timed['off']:.2f} ms eager, {timed['unfused']:.2f} ms under graphs with the epilogues unfused; "
           f"peaks {json.dumps({k: round(v, 1) for k, v in peaks.items()})}")  # fmt: skip
     print("| part | ms a step | share | floor ms |\n|---|---|---|---|")
     for name, ms in rows.items():

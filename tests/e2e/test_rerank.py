@@ -208,6 +208,8 @@ def test_a_qwen3_reranker_scores_yes_against_no_as_published(tmp_path: Path) -> 
     finally:
         server.stop()
     assert info["task"] == "score" and info["labels"] == ["relevance"]
+    # Each request's pairs shared their prompt's head, which ran once (--shared-prefix on).
+    assert info["engine"]["shared_prefix"]["steps"] >= 2 and info["engine"]["shared_prefix"]["tokens_saved"] > 0
     assert_ranked_like([(r["index"], r["relevance_score"]) for r in got], qwen3_reranker_scores(folder, QUERY, docs))
     expected = qwen3_reranker_scores(folder, QUERY, docs[:3], "Find fruit")
     assert_ranked_like([(r["index"], r["relevance_score"]) for r in own["results"]], expected)

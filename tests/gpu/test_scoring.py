@@ -55,3 +55,7 @@ def test_a_qwen3_reranker_in_bf16_matches_float32(tmp_path: Path) -> None:
     ]  # fmt: skip
     logits = engine.embed_ids(rendered)[:, 0]
     in_order(1 / (1 + np.exp(-logits)), qwen3_reranker_scores(folder, QUERY, DOCS[:30]))
+    # The pairs' common head (template, instruction, query) ran once, with FlashInfer's kernels.
+    assert engine.prefix_steps == 1 and engine._key_sharing_attention().name in ("fa3", "fa2")
+    plain = rose.Engine(folder, device="cuda", task="score", shared_prefix=False).embed_ids(rendered)[:, 0]
+    in_order(1 / (1 + np.exp(-logits)), 1 / (1 + np.exp(-plain)))

@@ -64,6 +64,13 @@ pub struct EngineArgs {
           value_parser = ["auto", "cuda", "triton", "off"], help_heading = heading::SERVING)]
     pub fused_decoder: String,
 
+    /// Whether a causal reranker (Qwen3-Reranker) reads the head its pairs share (prompt template,
+    /// instruction, query) once a step rather than once a pair: on or off. /info's
+    /// engine.shared_prefix counts the steps and the tokens it saved.
+    #[arg(long, env = "SHARED_PREFIX", default_value = "on", value_parser = ["on", "off"],
+          help_heading = heading::SERVING)]
+    pub shared_prefix: String,
+
     /// What the model is served for: auto (score for a *ForSequenceClassification folder, else
     /// embed), embed, or score (a cross-encoder, or a causal reranker such as Qwen3-Reranker,
     /// which is published as a plain causal LM).
@@ -116,6 +123,7 @@ impl Rose {
                 kwargs.set_item("max_batch_tokens", tulip.max_batch_tokens)?;
                 kwargs.set_item("max_batch_requests", tulip.max_batch_requests)?;
                 kwargs.set_item("fused_decoder", &args.fused_decoder)?;
+                kwargs.set_item("shared_prefix", args.shared_prefix == "on")?;
                 kwargs.set_item("task", &args.task)?;
                 kwargs.set_item("default_instruction", &args.default_instruction)?;
                 kwargs.set_item("inject_faults", &args.inject_faults)?;

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from rose.batch import RaggedBatch
@@ -48,6 +49,8 @@ class AttentionBackend(ABC):
     such a spec)."""
     graph_safe = True
     """Whether a CUDA graph may capture the backend's kernels (its plan changes no launch shape)."""
+    shares_keys = False
+    """Whether `plan_keys` takes a batch whose keys are gathered rows (a shared prefix's)."""
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         if spec.relative_bias is not None and not self.takes_relative_bias:
@@ -79,6 +82,12 @@ class AttentionBackend(ABC):
     @abstractmethod
     def plan(self, batch: RaggedBatch) -> None:
         """Host-side preparation for one batch, shared by every layer."""
+
+    def plan_keys(self, batch: RaggedBatch, key_cu_seqlens: np.ndarray, key_rows: torch.Tensor) -> None:
+        """`plan` for a causal batch whose sequence i attends to rows
+        `key_rows[key_cu_seqlens[i]:key_cu_seqlens[i + 1]]` of k and v, its own queries being the
+        last of those keys (rose.runtime.shared_prefix); eager only. `plan` undoes it."""
+        raise BackendUnavailable(f"{type(self).__name__} does not attend to gathered keys")
 
     def for_graph(self, key: tuple[int, int], batch: RaggedBatch) -> AttentionBackend:
         """The instance a CUDA graph of `key` (token bucket, sequence slots) captures and replays.

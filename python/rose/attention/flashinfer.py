@@ -44,6 +44,7 @@ class FlashInferBackend(AttentionBackend):
 
     variant = "fa2"
     min_capability = (8, 0)
+    shares_keys = True
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class FlashInferBackend(AttentionBackend):
             self.workspace, "NHD", backend=self.variant, **graph_buffers
         )
         self._stale_plan: np.ndarray | None = None
+        self._key_rows: torch.Tensor | None = None  # set by plan_keys: k and v are gathered first
         if graph_sequences is not None and self.variant == "fa2":
             # In graph mode FA2 launches a block for every tile the bucket could hold, and the
             # blocks past this batch's tiles read plan entries it did not write, unmasked when
@@ -86,12 +88,21 @@ class FlashInferBackend(AttentionBackend):
         return type(self)(self.spec, self.device, graph_sequences=key[1])
 
     def plan(self, batch: RaggedBatch) -> None:
-        indptr = batch.cu_seqlens_host
+        self._plan(batch.cu_seqlens_host, batch.cu_seqlens_host, batch.num_tokens)
+        self._key_rows = None
+
+    def plan_keys(self, batch: RaggedBatch, key_cu_seqlens: np.ndarray, key_rows: torch.Tensor) -> None:
+        # FlashInfer aligns a causal mask to the end of the keys when a sequence has more keys
+        # than queries, as a prefill after a cached prefix does.
+        self._plan(batch.cu_seqlens_host, torch.from_numpy(key_cu_seqlens), batch.num_tokens)
+        self._key_rows = key_rows
+
+    def _plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, rows: int) -> None:
         if self._stale_plan is not None:
-            self._stale_plan[: fa2_graph_plan_bytes(batch.num_tokens, *self._plan_bound)] = 0
+            self._stale_plan[: fa2_graph_plan_bytes(rows, *self._plan_bound)] = 0
         self.wrapper.plan(
-            indptr,
-            indptr,
+            qo_indptr,
+            kv_indptr,
             self.spec.num_heads,
             self.spec.num_kv_heads,
             self.head_dim,
@@ -106,6 +117,8 @@ class FlashInferBackend(AttentionBackend):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # Views into the fused QKV projection go in as they are: the kernels take each tensor's
         # token and head strides, so a copy of each would only cost a pass over it.
+        if self._key_rows is not None:
+            k, v = k.index_select(0, self._key_rows), v.index_select(0, self._key_rows)
         q, k, v = (t if _strided_ok(t) else t.contiguous() for t in (q, k, v))
         pad = self.head_dim - self.spec.head_dim
         if pad:

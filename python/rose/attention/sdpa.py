@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -55,6 +56,7 @@ class SdpaBackend(AttentionBackend):
     takes_relative_bias = True
     takes_window = True  # as a dense band mask per length group: SDPA takes no window
     graph_safe = False  # its groups follow each batch's lengths
+    shares_keys = True
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
@@ -63,8 +65,20 @@ class SdpaBackend(AttentionBackend):
         it still queries), for ColBERT queries whose expansion tokens no token attends to."""
         self._groups: list[_Group] = []
         self._scatter: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self._keys: list[tuple[slice, torch.Tensor, torch.Tensor]] | None = None
+
+    def plan_keys(self, batch: RaggedBatch, key_cu_seqlens: np.ndarray, key_rows: torch.Tensor) -> None:
+        # One call a sequence: its queries, its keys' rows, and the causal mask aligned to the
+        # end of its keys.
+        cu, key_cu = batch.cu_seqlens_host.tolist(), key_cu_seqlens.tolist()
+        self._keys = []
+        for i in range(batch.num_sequences):
+            queries, keys = cu[i + 1] - cu[i], key_cu[i + 1] - key_cu[i]
+            mask = torch.ones(queries, keys, dtype=torch.bool, device=self.device).tril(keys - queries)
+            self._keys.append((slice(cu[i], cu[i + 1]), key_rows[key_cu[i] : key_cu[i + 1]], mask))
 
     def plan(self, batch: RaggedBatch) -> None:
+        self._keys = None
         starts = batch.cu_seqlens_host[:-1].tolist()
         lengths = batch.lengths
         self._groups = []
@@ -112,10 +126,22 @@ class SdpaBackend(AttentionBackend):
         return bias.masked_fill(~mask, float("-inf"))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windowed: bool = False) -> torch.Tensor:
+        if self._keys is not None:
+            return self._attend_keys(q, k, v)
         with sdpa_kernel(_KERNELS):
             outputs = self._attend(q, k, v, windowed)
         result = torch.empty_like(q)
         result[self._scatter] = torch.cat(outputs)
+        return result
+
+    def _attend_keys(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        result = torch.empty_like(q)
+        gqa = self.spec.num_kv_heads != self.spec.num_heads
+        with sdpa_kernel(_KERNELS):
+            for queries, rows, mask in self._keys or []:
+                qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[queries], k[rows], v[rows]))
+                out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.spec.scale, enable_gqa=gqa)
+                result[queries] = out[0].transpose(0, 1)
         return result
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windowed: bool) -> list[torch.Tensor]:

@@ -12,7 +12,7 @@ import torch
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
-from rose.models.layers import Linear, Weights, add_linear_rmsnorm, swiglu
+from rose.models.layers import Linear, Weights, add_linear_rmsnorm
 from rose.ops import kernels
 
 
@@ -103,7 +103,7 @@ class DecoderStack:
                 out = attention(q, k, v)
             h = add_linear_rmsnorm(layer.o, out.reshape(-1, self.q_size), residual, layer.post_norm, self.eps)
             after = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-            h = add_linear_rmsnorm(layer.down, swiglu(layer.gate_up, h), residual, after, self.eps)
+            h = add_linear_rmsnorm(layer.down, kernels.silu_and_mul(layer.gate_up(h)), residual, after, self.eps)
         return h
 
     def _rotated(self, qkv: torch.Tensor, layer: _Layer, batch: RaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,13 +58,6 @@ def add_linear_rmsnorm(
     return kernels.add_rmsnorm(layer(x), residual, weight, eps)
 
 
-def swiglu(layer: Linear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
-    """SiLU of the first half of layer(x) times its second half (a fused gate/up projection)."""
-    if layer.bias is None and layer.plain:
-        return kernels.swiglu_linear(x, layer.weight)
-    return kernels.silu_and_mul(layer(x))
-
-
 def activated(layer: Linear | Fp8Linear, x: torch.Tensor, activation: str) -> torch.Tensor:
     """activation(layer(x)) for [tokens, features] x; on a GPU in 16 bits a GELU with a bias rides
     in the matmul's epilogue (cuBLASLt's GELU_BIAS). Its GELU is the tanh form, which differs from

@@ -18,9 +18,6 @@ ENABLE_PDL: bool | None = None
 # Work folded into the matrix products' epilogues on a GPU in 16 bits (a decoder's residual adds,
 # BERT's GELU): benches/step_breakdown.py turns it off to measure what it saves in the same start.
 FUSED_EPILOGUES = True
-# SwiGLU's two products and its activation in one Triton GEMM (rose.ops.triton_swiglu) in place of
-# cuBLAS and the activation kernel, where the epilogues are fused.
-TRITON_SWIGLU = False
 
 # Head dims for FlashInfer's RoPE: at 16 it rotated half of q wrong; the GPU test
 # (tests/gpu/test_backends.py::test_fused_kernels_match_the_torch_reference) checks 64 and 128.
@@ -103,15 +100,6 @@ def add_layernorm(
 # Triton's first: importing FlashInfer takes about a second (it loads the CuTe DSL), which the
 # model's own kernels must not add to the first answer; only the attention backends that need
 # FlashInfer import it, off the start-up path (rose.attention.AutoBackend).
-
-
-def swiglu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """silu(x @ gate^T) * (x @ up^T) for the fused gate/up weight [2 n, k] without a bias."""
-    if TRITON_SWIGLU and fuses_epilogues(x) and triton_kernels() is not None:
-        from rose.ops import triton_swiglu
-
-        return triton_swiglu.swiglu_matmul(x, weight)
-    return silu_and_mul(F.linear(x, weight))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,17 @@ class CudaSteps:
         self._last_copy = lazy.done
         return lazy
 
+    def eager(self, compute: Callable[[], torch.Tensor]) -> LazyTensor:
+        """A step whose batch the caller uploaded and planned itself, run eagerly by `compute`;
+        its result copied back as `step`'s is."""
+        if self._last_copy is not None:
+            self._stream.wait_event(self._last_copy)
+        self.timeline.begin(self._stream)
+        lazy = LazyTensor.from_device(compute(), self._copy_stream, self._stream)
+        lazy.ready_at = self.timeline.end(self._stream, None)
+        self._last_copy = lazy.done
+        return lazy
+
     def describe_graphs(self) -> dict:
         """For /info."""
         return self.graphs.describe() if self.graphs is not None else {"mode": "off"}

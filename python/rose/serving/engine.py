@@ -32,6 +32,7 @@ from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
 from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.runtime.heap import start_trimming
+from rose.runtime.shared_prefix import PrefixLayout, shared_prefix
 from rose.serving import fidelity, report
 from rose.serving.cuda_steps import CudaSteps
 from rose.serving.dtypes import dtype_name, resolve_device, resolve_dtype
@@ -71,6 +72,7 @@ class Engine:
         task: str = "auto",
         default_instruction: str | None = None,
         inject_faults: str | None = None,
+        shared_prefix: bool = True,
     ) -> None:
         marks = [time.perf_counter()]
         start_trimming()
@@ -87,6 +89,7 @@ class Engine:
         self.faults = FaultInjection.parse(inject_faults)
         self.steps_served = 0
         self.oom_splits = 0
+        self.prefix_steps = self.prefix_tokens_saved = 0  # steps that read a shared prefix once
         # Triton hashes its installation before its first kernel: on a thread while the weights
         # load (unless rose.loading.prestart did it while torch imported).
         triton_key = in_background(prestart.warm_triton) if on_gpu else None
@@ -121,6 +124,11 @@ class Engine:
         if colbert is not None and colbert.do_query_expansion and not colbert.attend_to_expansion_tokens:
             spec = dataclasses.replace(self.model.attention_spec, dtype=self.dtype)
             self._expansion_attention = SdpaBackend(spec, self.device)
+        spec = self.model.attention_spec
+        # A causal score model's pairs share the template's head and the query: read once (the
+        # last token, which it scores, is always a pair's own).
+        causal_last = spec.causal and spec.window is None and self.pooling == "last"
+        self.shared_prefix = bool(shared_prefix and self.scoring and causal_last)
         self.gpu: CudaSteps | None = None
         if on_gpu:
             self.gpu = CudaSteps(self.device, self.max_batch_tokens, self.max_batch_requests, cuda_graphs,
@@ -312,6 +320,11 @@ class Engine:
             self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
         forward = self._token_rows if per_token else self._forward
         head = None if per_token else head
+        if head is not None and self.shared_prefix and types is None:
+            layout = shared_prefix(ids, cu)
+            attention = self._key_sharing_attention() if layout is not None else None
+            if attention is not None:
+                return self._prefix_step(layout, attention, head)
         attention = self._attention_for(ids, cu, per_token)
         if self.gpu is None:
             batch = RaggedBatch.from_host(ids, cu, self.device, types)
@@ -320,6 +333,27 @@ class Engine:
             return LazyTensor(head(rows) if head is not None else rows)
         smallest = None if per_token else self.smallest_bucket
         return self.gpu.step(ids, cu, attention, forward, smallest, self.max_input_length, types, head, per_token)
+
+    def _key_sharing_attention(self) -> AttentionBackend | None:
+        """The engine's backend that attends to gathered keys (auto's FlashInfer one), if any."""
+        loaded = self.attention.backends if isinstance(self.attention, AutoBackend) else {"": self.attention}
+        ranked = sorted(loaded.items(), key=lambda item: item[0] not in ("fa3", "fa2"))
+        return next((backend for _, backend in ranked if backend.shares_keys), None)
+
+    def _prefix_step(self, layout: PrefixLayout, attention: AttentionBackend, head: Any) -> LazyTensor:
+        """A score step whose sequences share `layout.prefix` tokens: the prefix once, as a
+        sequence of its own, then each sequence's rest against the prefix's keys and its own
+        (eagerly: the gathered keys' lengths follow each batch)."""
+        self.prefix_steps += 1
+        self.prefix_tokens_saved += layout.prefix * (len(layout.cu_seqlens) - 3)
+        batch = RaggedBatch.from_host(layout.ids, layout.cu_seqlens, self.device)
+        batch.positions = torch.from_numpy(layout.positions).to(self.device)
+        attention.plan_keys(batch, layout.key_cu_seqlens, torch.from_numpy(layout.key_rows).to(self.device))
+
+        def scores() -> torch.Tensor:  # the prefix's own row goes
+            return head(pool(self.model.forward(batch, attention), batch, self.pooling)[1:])
+
+        return self.gpu.eager(scores) if self.gpu is not None else LazyTensor(scores())
 
     def _attention_for(self, ids: np.ndarray, cu: np.ndarray, per_token: bool) -> AttentionBackend:
         """The engine's backend, or for a token step with ColBERT queries' expansion tokens SDPA
