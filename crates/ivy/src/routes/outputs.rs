@@ -6,14 +6,12 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tulip::proto::{Encoding, Output, SparseVectors, TokenVectors};
 use tulip::sparse::Pruning;
 use utoipa::ToSchema;
 
 use super::body::JsonBody;
-use super::schema::Inputs;
-use super::tei::{direction, yes};
+use super::tei::{direction, yes, TextInputs};
 use super::timing::timing_headers;
 use crate::encode::EncodeCall;
 use crate::error::{ErrorResponses, IvyError};
@@ -26,18 +24,8 @@ use crate::template::Role;
 /// The fields every output route takes: TEI's inputs and truncation, and sparse pruning.
 #[derive(Deserialize, ToSchema)]
 pub(super) struct OutputsRequest {
-    #[serde(default)]
-    #[schema(value_type = Inputs)]
-    inputs: Value,
-    /// Truncate inputs longer than the model's limit (default: --auto-truncate).
-    #[serde(default)]
-    truncate: Option<bool>,
-    /// Left or Right (default).
-    #[serde(default)]
-    truncation_direction: Option<String>,
-    /// A prompt of the model's sentence-transformers config, put before each text.
-    #[serde(default)]
-    prompt_name: Option<String>,
+    #[serde(flatten)]
+    text: TextInputs,
     /// Sparse vectors: keep only the `top_k` largest entries of each.
     #[serde(default)]
     top_k: Option<i64>,
@@ -234,11 +222,11 @@ fn call(
         }
     };
     Ok(EncodeCall {
-        inputs: parse_inputs(&request.inputs, "inputs")?,
+        inputs: parse_inputs(&request.text.inputs, "inputs")?,
         text: TextOptions {
-            prompt_name: request.prompt_name.as_deref(),
-            truncate: request.truncate,
-            direction: direction(request.truncation_direction.as_deref())?,
+            prompt_name: request.text.prompt_name.as_deref(),
+            truncate: request.text.truncate,
+            direction: direction(request.text.truncation_direction.as_deref())?,
             max_length: None,
         },
         outputs,

@@ -25,25 +25,33 @@ use crate::request::EmbedCall;
 use crate::score::PredictInput;
 use crate::tokenization::{EncodeOptions, Token};
 
+/// The fields TEI's text routes share (/embed, /embed_sparse, /embed_all, /encode): the inputs,
+/// how they are cut, and a prompt.
+#[derive(Deserialize, ToSchema)]
+pub(super) struct TextInputs {
+    #[serde(default)]
+    #[schema(value_type = Inputs)]
+    pub(super) inputs: Value,
+    /// Truncate inputs longer than the model's limit (default: --auto-truncate).
+    #[serde(default)]
+    pub(super) truncate: Option<bool>,
+    /// Left or Right (default).
+    #[serde(default)]
+    pub(super) truncation_direction: Option<String>,
+    /// A prompt of the model's sentence-transformers config, put before each text.
+    #[serde(default)]
+    pub(super) prompt_name: Option<String>,
+}
+
 /// TEI's embed request.
 #[derive(Deserialize, ToSchema)]
 pub(super) struct EmbedRequest {
-    #[serde(default)]
-    #[schema(value_type = Inputs)]
-    inputs: Value,
+    #[serde(flatten)]
+    text: TextInputs,
     /// L2-normalize the vectors (default true).
     #[serde(default = "yes")]
     #[schema(default = true)]
     normalize: bool,
-    /// Truncate inputs longer than the model's limit (default: --auto-truncate).
-    #[serde(default)]
-    truncate: Option<bool>,
-    /// Left or Right (default).
-    #[serde(default)]
-    truncation_direction: Option<String>,
-    /// A prompt of the model's sentence-transformers config, put before each text.
-    #[serde(default)]
-    prompt_name: Option<String>,
     /// Matryoshka truncation to this many dimensions.
     #[serde(default)]
     dimensions: Option<i64>,
@@ -66,10 +74,10 @@ pub(super) async fn embed(
 ) -> Result<impl IntoResponse, IvyError> {
     let gateway = gateway.select(None, "embed")?;
     let call = EmbedCall {
-        inputs: parse_inputs(&request.inputs, "inputs")?,
-        prompt_name: request.prompt_name,
-        truncate: request.truncate,
-        direction: direction(request.truncation_direction.as_deref())?,
+        inputs: parse_inputs(&request.text.inputs, "inputs")?,
+        prompt_name: request.text.prompt_name,
+        truncate: request.text.truncate,
+        direction: direction(request.text.truncation_direction.as_deref())?,
         normalize: request.normalize,
         dimensions: request.dimensions,
         encoding: Encoding::Float32,
