@@ -88,20 +88,20 @@ class FlashInferBackend(AttentionBackend):
         return type(self)(self.spec, self.device, graph_sequences=key[1])
 
     def plan(self, batch: RaggedBatch) -> None:
-        self._plan(batch.cu_seqlens_host, batch.cu_seqlens_host, batch.num_tokens)
+        self._plan(batch, batch.cu_seqlens_host)
         self._key_rows = None
 
     def plan_keys(self, batch: RaggedBatch, key_cu_seqlens: np.ndarray, key_rows: torch.Tensor) -> None:
         # FlashInfer aligns a causal mask to the end of the keys when a sequence has more keys
         # than queries, as a prefill after a cached prefix does.
-        self._plan(batch.cu_seqlens_host, torch.from_numpy(key_cu_seqlens), batch.num_tokens)
+        self._plan(batch, torch.from_numpy(key_cu_seqlens))
         self._key_rows = key_rows
 
-    def _plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, rows: int) -> None:
+    def _plan(self, batch: RaggedBatch, kv_indptr: torch.Tensor) -> None:
         if self._stale_plan is not None:
-            self._stale_plan[: fa2_graph_plan_bytes(rows, *self._plan_bound)] = 0
+            self._stale_plan[: fa2_graph_plan_bytes(batch.num_tokens, *self._plan_bound)] = 0
         self.wrapper.plan(
-            qo_indptr,
+            batch.cu_seqlens_host,
             kv_indptr,
             self.spec.num_heads,
             self.spec.num_kv_heads,

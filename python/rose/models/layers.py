@@ -41,7 +41,7 @@ class Linear:
         return self.weight.dtype == self.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.dtype == self.dtype:
+        if self.plain:
             return F.linear(x, self.weight, self.bias)
         y = F.linear(x.to(self.weight.dtype), self.weight).to(self.dtype)
         return y if self.bias is None else y.add_(self.bias)

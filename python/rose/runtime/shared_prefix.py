@@ -64,10 +64,9 @@ def shared_prefix(ids: np.ndarray, cu_seqlens: np.ndarray, min_prefix: int = MIN
     key_lengths = np.concatenate([[prefix], lengths])
     key_cu = np.concatenate([[0], np.cumsum(key_lengths)]).astype(np.int32)
     # Keys: the prefix's rows, then for each sequence the prefix's rows and its suffix's.
-    suffix_rows = np.arange(prefix, len(new_ids), dtype=np.int64)
-    prefix_rows = np.arange(prefix, dtype=np.int64)
+    prefix_rows = np.arange(prefix)
     parts = [prefix_rows]
     for i in range(len(lengths)):
-        parts += [prefix_rows, suffix_rows[cu[i + 1] - prefix : cu[i + 2] - prefix]]
+        parts += [prefix_rows, np.arange(cu[i + 1], cu[i + 2])]
     rows = np.concatenate(parts).astype(np.int32)
     return PrefixLayout(prefix, new_ids, cu, positions.astype(np.int32), key_cu, rows)

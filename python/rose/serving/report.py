@@ -33,7 +33,7 @@ def stats(engine: Engine) -> dict[str, Any]:
             "enabled": engine.shared_prefix,
             "steps": engine.prefix_steps,
             "tokens_saved": engine.prefix_tokens_saved,
-        },  # fmt: skip
+        },
         "steps": engine.steps_served,
         "oom_splits": engine.oom_splits,
         "injected_faults": engine.faults.describe() if engine.faults else None,

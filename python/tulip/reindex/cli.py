@@ -12,7 +12,7 @@ from pathlib import Path
 from tulip.reindex.corpus import FORMATS, Corpus, parse_shard, shard_range
 from tulip.reindex.embedders import Embedder, InProcess, OverHttp
 from tulip.reindex.output import OUTPUT_DTYPES, OUTPUT_FORMATS, Layout, settings
-from tulip.reindex.run import reindex
+from tulip.reindex.run import BATCH_SIZE, CONCURRENCY, reindex
 
 log = logging.getLogger("ivy-embed")
 
@@ -56,11 +56,8 @@ def parser() -> argparse.ArgumentParser:
     )
     run = p.add_argument_group("batching")
     run.add_argument("--window", type=int, default=4096, help="documents sorted by length together; one part each")
-    # 512 x 8 keeps as many tokens in flight as ivy-serve's default --max-queued-tokens takes for
-    # documents of up to 256 tokens, in half the requests of 256 x 16: a request costs the Python
-    # side about the same whatever its size, and that cost bounded the HTTP path on a small model.
-    run.add_argument("--batch-size", type=int, default=512, help="most documents a request (and 1 MB of text)")
-    run.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    run.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="most documents a request (and 1 MB of text)")
+    run.add_argument("--concurrency", type=int, default=CONCURRENCY, help="requests in flight")
     return p
 
 
