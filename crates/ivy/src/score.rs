@@ -20,8 +20,8 @@ use crate::template::PairTemplate;
 use crate::tokenization::{EncodeOptions, Encoded, PairOptions, Rendered, INLINE_BYTES};
 
 /// Tokens of pairs gathered before they go to Tulip while the rest are still tokenized: about a
-/// GPU step's budget. Smaller groups start the GPU sooner but make steps of shapes no warm-up
-/// saw, which raised a 100-document request's p99 (benches/RESULTS.md, reranking on the H200).
+/// GPU step's budget. Smaller groups start the GPU sooner but make smaller, slower steps: a first
+/// group of 4,096 tokens raised a 100-document request's p50 on the H200 (benches/RESULTS.md).
 const PIPELINE_TOKENS: usize = 16384;
 
 /// One input of `/predict`: a text, or a pair of texts.
