@@ -20,8 +20,9 @@ use crate::template::PairTemplate;
 use crate::tokenization::{EncodeOptions, Encoded, PairOptions, Rendered, INLINE_BYTES};
 
 /// Tokens of pairs gathered before they go to Tulip while the rest are still tokenized: about a
-/// GPU step's budget. Smaller groups start the GPU sooner but make smaller, slower steps: a first
-/// group of 4,096 tokens raised a 100-document request's p50 on the H200 (benches/RESULTS.md).
+/// GPU step's budget. The first group closes sooner (`first_group`): smaller groups start the GPU
+/// sooner but make smaller, slower steps, and two halves of a 100-document request beat both
+/// 74 + 26 and 34 + 66 documents on the H200 (benches/RESULTS.md).
 const PIPELINE_TOKENS: usize = 16384;
 
 /// One input of `/predict`: a text, or a pair of texts.
@@ -106,11 +107,13 @@ impl Gateway {
         // first steps run while the rest are still being tokenized. The first group is admitted
         // as any request is; the later ones join it in the queue.
         let (groups, grouped) = mpsc::unbounded::<(Vec<Encoded>, usize, Option<Admission>)>();
+        let workers = self.tokenizer().workers();
+        let first = first_group(call.documents.len(), workers);
         let tokenize = async move {
             let mut tokenized: FuturesOrdered<_> = (call.documents.into_iter().enumerate())
                 .map(|(i, document)| self.tokenizer().encode_pair(i, document, options.clone()))
                 .collect();
-            let mut gather = Gather::new(PIPELINE_TOKENS);
+            let mut gather = Gather::new(PIPELINE_TOKENS, first);
             let mut counts = Vec::new();
             let mut total = 0;
             let mut send = async |group: Vec<Encoded>| {
@@ -357,27 +360,45 @@ mod tests {
     }
 }
 
-/// Encoded pairs gathered, in order, into groups of at least `limit` tokens (the last smaller).
+/// Documents in the first group of a request of `documents`, tokenized `workers` at a time: half
+/// of them, so that the GPU starts once half are tokenized and the rest are tokenized meanwhile,
+/// but no fewer than one round of the workers (an earlier group would save no time).
+fn first_group(documents: usize, workers: usize) -> usize {
+    documents.div_ceil(2).max(workers)
+}
+
+/// Encoded pairs gathered, in order, into groups of at least `limit` tokens (the last smaller),
+/// the first closing early once it holds `first` documents.
 struct Gather {
     limit: usize,
+    first: usize,
+    sent: bool,
+    documents: usize,
     pending: Vec<Encoded>,
     tokens: usize,
 }
 
 impl Gather {
-    fn new(limit: usize) -> Gather {
+    fn new(limit: usize, first: usize) -> Gather {
         Gather {
             limit,
+            first,
+            sent: false,
+            documents: 0,
             pending: Vec::new(),
             tokens: 0,
         }
     }
 
-    /// Adds a document's windows; returns a group once it holds `limit` tokens.
+    /// Adds a document's windows; returns a group once it holds `limit` tokens (the first group
+    /// also once it holds `first` documents).
     fn push(&mut self, windows: Vec<Encoded>) -> Option<Vec<Encoded>> {
         self.tokens += windows.iter().map(|e| e.ids.len()).sum::<usize>();
+        self.documents += 1;
         self.pending.extend(windows);
-        (self.tokens >= self.limit).then(|| {
+        let early = !self.sent && self.documents >= self.first;
+        (early || self.tokens >= self.limit).then(|| {
+            self.sent = true;
             self.tokens = 0;
             std::mem::take(&mut self.pending)
         })
@@ -402,7 +423,7 @@ mod gather_tests {
 
     #[test]
     fn groups_close_at_the_limit_in_order_and_the_rest_comes_last() {
-        let mut gather = Gather::new(10);
+        let mut gather = Gather::new(10, 100);
         assert!(gather.push(pair(4)).is_none());
         let group = gather.push(pair(6)).expect("10 tokens close a group");
         assert_eq!(
@@ -412,7 +433,25 @@ mod gather_tests {
         assert_eq!(gather.push(pair(30)).map(|g| g.len()), Some(1));
         assert!(gather.push(pair(3)).is_none());
         assert_eq!(gather.finish().map(|g| g[0].ids.len()), Some(3));
-        assert!(Gather::new(10).finish().is_none());
+        assert!(Gather::new(10, 100).finish().is_none());
+    }
+
+    #[test]
+    fn the_first_group_closes_at_its_documents_and_the_later_ones_at_the_limit() {
+        let mut gather = Gather::new(10, 2);
+        assert!(gather.push(pair(1)).is_none());
+        assert_eq!(gather.push(pair(1)).map(|g| g.len()), Some(2));
+        assert!(gather.push(pair(1)).is_none());
+        assert!(gather.push(pair(1)).is_none());
+        assert_eq!(gather.push(pair(8)).map(|g| g.len()), Some(3));
+    }
+
+    #[test]
+    fn the_first_group_is_half_the_documents_but_at_least_a_round_of_workers() {
+        assert_eq!(super::first_group(100, 16), 50);
+        assert_eq!(super::first_group(101, 16), 51);
+        assert_eq!(super::first_group(20, 16), 16);
+        assert_eq!(super::first_group(3, 16), 16);
     }
 }
 
