@@ -53,7 +53,10 @@ def main() -> None:
                               *args.server_arg)  # fmt: skip
     finally:
         for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
     body = json.dumps({"query": query, "texts": docs, "truncate": True}).encode()
     headers = {"content-type": "application/json"}
     session = requests.Session()

@@ -371,9 +371,8 @@ fn first_group(documents: usize, workers: usize) -> usize {
 /// the first closing early once it holds `first` documents.
 struct Gather {
     limit: usize,
-    first: usize,
-    sent: bool,
-    documents: usize,
+    /// Documents still to come before the first group closes; None once a group has gone.
+    first: Option<usize>,
     pending: Vec<Encoded>,
     tokens: usize,
 }
@@ -382,9 +381,7 @@ impl Gather {
     fn new(limit: usize, first: usize) -> Gather {
         Gather {
             limit,
-            first,
-            sent: false,
-            documents: 0,
+            first: Some(first),
             pending: Vec::new(),
             tokens: 0,
         }
@@ -394,11 +391,10 @@ impl Gather {
     /// also once it holds `first` documents).
     fn push(&mut self, windows: Vec<Encoded>) -> Option<Vec<Encoded>> {
         self.tokens += windows.iter().map(|e| e.ids.len()).sum::<usize>();
-        self.documents += 1;
         self.pending.extend(windows);
-        let early = !self.sent && self.documents >= self.first;
-        (early || self.tokens >= self.limit).then(|| {
-            self.sent = true;
+        self.first = self.first.map(|left| left.saturating_sub(1));
+        (self.first == Some(0) || self.tokens >= self.limit).then(|| {
+            self.first = None;
             self.tokens = 0;
             std::mem::take(&mut self.pending)
         })
