@@ -4,6 +4,7 @@ MiniLM's, the BERT-base family's (bge-base, bge-reranker-base) and Qwen3-0.6B's 
 and the AUTO_TABLE it implies.
 
     python benches/attention.py [--reps 30]
+    python benches/attention.py --shapes "bert-base d64"                 # one shape (fewer JIT builds)
     python benches/attention.py --device cpu --backends sdpa --reps 2   # a dry run of the bench
 """
 
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--backends", default="fa2,fa3,fa4,torch")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of: " + ", ".join(SHAPES))
     args = parser.parse_args()
     names = args.backends.split(",")
     device = torch.device(args.device)
@@ -103,7 +105,8 @@ def main() -> None:
     print(f"{where}, torch {torch.__version__}; median ms per call (TFLOP/s) +host plan us")
     print("| shape | batch | " + " | ".join(names) + " | fastest | with its plan |")
     print("|---|---|" + "---|" * (len(names) + 2))
-    for shape_name, spec in SHAPES.items():
+    for shape_name in args.shapes.split(","):
+        spec = SHAPES[shape_name]
         for batch_name, bounds, tokens in BATCHES:
             seqs = lengths(bounds, tokens)
             flops = attention_flops(spec, seqs)

@@ -30,10 +30,13 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 # The fastest GPU backend by (head_dim, causal), for batches whose mean sequence length is at
 # most the bound. Measured by benches/attention.py (benches/RESULTS.md has the table): with
 # head_dim 32 (MiniLM), torch's varlen kernel leads up to 512-token sequences and FA4 beyond;
+# with head_dim 64 (the BERT-base family: bge-base, bge-reranker-base), FlashInfer FA2 leads up
+# to ~250-token sequences (rerank pairs; its plan is also a quarter of FA3's) and FA3 beyond;
 # with head_dim 128 (Qwen3), FlashInfer FA2 leads on short queries and FA3 from 32 tokens up.
 # Shapes not listed take GPU_ORDER.
 AUTO_TABLE: dict[tuple[int, bool], list[tuple[float, str]]] = {
     (32, False): [(1024, "torch"), (math.inf, "fa4")],
+    (64, False): [(256, "fa2"), (math.inf, "fa3")],
     (128, False): [(64, "fa2"), (math.inf, "fa3")],
     (128, True): [(64, "fa2"), (math.inf, "fa3")],
 }
