@@ -70,6 +70,16 @@ def save(shape: str, folder: Path) -> Path:
     return folder
 
 
+def workload(shape: str, count: int, doc_tokens: int = 200) -> tuple[Path, str, list[str]]:
+    """`shape`'s random-weight folder, a 6-12-token query and `count` documents of `doc_tokens`
+    +- 20 tokens (as the folder's tokenizer counts them), the same every run."""
+    folder = save(shape, Path(tempfile.gettempdir()) / f"rerank-{shape}")
+    tokenizer = plain_tokenizer(folder)
+    tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
+    docs = documents(count, doc_tokens - 20, doc_tokens + 20, tokens)
+    return folder, queries(1, 6, 12, tokens)[0], docs
+
+
 def peer(shape: str, folder: Path, device: str):
     """The peer's scorer of (query, document) pairs: on CUDA transformers in bf16, batches of 32
     sorted by length; on the CPU CrossEncoder.predict for the cross-encoders (float32)."""
@@ -159,11 +169,9 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[], help="extra ivy-serve flag (repeatable)")
     args = parser.parse_args()
 
-    folder = save(args.shape, Path(tempfile.gettempdir()) / f"rerank-{args.shape}")
+    folder, query, docs = workload(args.shape, max(args.docs), args.doc_tokens)
     tokenizer = plain_tokenizer(folder)
     count = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
-    docs = documents(max(args.docs), args.doc_tokens - 20, args.doc_tokens + 20, count)
-    query = queries(1, 6, 12, count)[0]
     task = ["--task", "score"] if SHAPES[args.shape][0] == "qwen3" else []
     flags = ["--model", str(folder), "--device", args.device, *task, *args.server_arg]
     server = start_server(Path(tempfile.mkdtemp()), *flags)

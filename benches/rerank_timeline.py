@@ -22,10 +22,9 @@ import requests
 
 here = Path(__file__).resolve().parent
 sys.path[:0] = [str(here.parent / "tests"), str(here)]
-from rerank import SHAPES, save  # noqa: E402
+from rerank import SHAPES, workload  # noqa: E402
 
-from corpus import documents, queries  # noqa: E402
-from support import plain_tokenizer, start_server  # noqa: E402
+from support import start_server  # noqa: E402
 
 
 def main() -> None:
@@ -39,10 +38,7 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[], help="extra ivy-serve flag (repeatable)")
     args = parser.parse_args()
 
-    folder = save(args.shape, Path(tempfile.gettempdir()) / f"rerank-{args.shape}")
-    tokenizer = plain_tokenizer(folder)
-    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
-    docs, query = documents(args.docs, 180, 220, count), queries(1, 6, 12, count)[0]
+    folder, query, docs = workload(args.shape, args.docs)
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
     env = {"ROSE_TRACE": str(trace), "PYTHONPATH": f"{here / 'trace'}:{os.environ.get('PYTHONPATH', '')}"}
     saved = {k: os.environ.get(k) for k in env}

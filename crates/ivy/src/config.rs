@@ -81,6 +81,13 @@ pub struct IvyArgs {
     #[arg(long, env = "TOKENIZATION_WORKERS", help_heading = heading::SERVING)]
     pub tokenization_workers: Option<usize>,
 
+    /// Token ids from the tokenizers crate's v1 pipeline, several times faster: `auto` uses it
+    /// where it gives the classic tokenizer's ids on probe texts at start (/info says whether),
+    /// `off` never.
+    #[arg(long, env = "FAST_TOKENIZER", value_enum, default_value_t = FastTokenizer::Auto,
+          help_heading = heading::SERVING)]
+    pub fast_tokenizer: FastTokenizer,
+
     /// Prompt (from the model's sentence-transformers config) applied when a request names none.
     #[arg(long, env = "DEFAULT_PROMPT_NAME", help_heading = heading::MODEL)]
     pub default_prompt_name: Option<String>,
@@ -155,6 +162,15 @@ pub enum LongInputs {
     Truncate,
     /// Split into overlapping windows, each embedded, their vectors averaged by tokens.
     Chunk,
+}
+
+/// Whether ids come from the tokenizers crate's v1 pipeline (see `ivy::fast_tokenizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FastTokenizer {
+    /// Where it agrees with the classic tokenizer on the probe texts.
+    Auto,
+    /// Never.
+    Off,
 }
 
 /// A duration given in (fractional) seconds.

@@ -14,8 +14,9 @@ use tulip::proto::ModelInfo;
 use tulip::TulipClient;
 
 use crate::admission::{longest_wait, DrainRate};
-use crate::config::IvyArgs;
+use crate::config::{self, IvyArgs};
 use crate::error::IvyError;
+use crate::fast_tokenizer::FastTokenizer;
 use crate::key_limits::KeyLimits;
 use crate::replicas::discovery::{Resolve, SystemResolver};
 use crate::replicas::{Pool, ReplicaSet};
@@ -360,6 +361,24 @@ fn names_model(name: &str, id: &str) -> bool {
     name == id || id.rsplit('/').next() == Some(name)
 }
 
+/// Reads the v1 pipeline of `json` (the pool's tokenizer.json) on a blocking thread and hands it
+/// to `pool` if it gives the classic tokenizer's ids: the classic one serves until then, so that a
+/// large vocabulary's second read does not delay the first answer.
+fn load_fast_tokenizer(pool: &TokenizerPool, json: Vec<u8>, model: &str) {
+    let (pool, model) = (pool.clone(), model.to_string());
+    tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        match FastTokenizer::load(&json, &mut pool.reference()) {
+            Ok(fast) => {
+                pool.use_fast(fast);
+                let took = start.elapsed();
+                tracing::info!("{model}: token ids from the v1 tokenizer pipeline after {took:?}");
+            }
+            Err(why) => tracing::warn!("{model}: the classic tokenizer only, since v1 {why}"),
+        }
+    });
+}
+
 impl Served {
     /// Fetches the model's tokenizer and template from a replica and starts its tokenizer pool.
     async fn load(
@@ -392,6 +411,9 @@ impl Served {
             .tokenization_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let tokenizer = TokenizerPool::new(tokenizer, workers, template.max_input_length);
+        if args.fast_tokenizer == config::FastTokenizer::Auto {
+            load_fast_tokenizer(&tokenizer, setup.tokenizer_json.clone(), &info.model_id);
+        }
         let affixes = match &template.score {
             Some(PairTemplate::Rendered { prefix, suffix, .. }) => (
                 tokenizer.plain_ids(prefix)?.into(),

@@ -10,6 +10,7 @@ pub mod chunking;
 pub mod config;
 pub mod encode;
 pub mod error;
+pub mod fast_tokenizer;
 pub mod gateway;
 pub mod http;
 pub mod input;

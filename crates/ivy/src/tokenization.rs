@@ -5,16 +5,17 @@
 //! caller's thread instead: handing one to a worker and back costs two thread wake-ups, many times
 //! what tokenizing it costs.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Instant;
 
 use serde::Serialize;
 pub use tokenizers::TruncationDirection;
-use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
+use tokenizers::{EncodeInput, Tokenizer, TruncationParams, TruncationStrategy};
 use tokio::sync::oneshot;
 
 use crate::error::IvyError;
+use crate::fast_tokenizer::{FastTokenizer, Ids};
 
 /// How to tokenize the inputs of one request.
 #[derive(Debug, Clone)]
@@ -124,6 +125,9 @@ pub struct TokenizerPool {
     /// taken, so there are at most as many as inline calls ever ran at once.
     inline: Arc<Mutex<Vec<Worker>>>,
     prototype: Arc<Tokenizer>,
+    /// Set once the v1 pipeline has loaded and passed its check (see [`FastTokenizer`]); until
+    /// then, and without it, ids come from the classic tokenizer.
+    fast: Arc<OnceLock<FastTokenizer>>,
 }
 
 impl TokenizerPool {
@@ -137,15 +141,17 @@ impl TokenizerPool {
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         let workers = workers.max(1);
         let prototype = Arc::new(tokenizer);
+        let fast = Arc::new(OnceLock::new());
         for i in 0..workers {
             let queue = queue.clone();
             let prototype = prototype.clone();
+            let fast = fast.clone();
             // Each worker copies the tokenizer on its own thread: a large vocabulary takes
             // milliseconds a copy, which one thread doing them all would add to the start.
             thread::Builder::new()
                 .name(format!("ivy-tokenizer-{i}"))
                 .spawn(move || {
-                    let mut worker = Worker::new((*prototype).clone(), max_input_length);
+                    let mut worker = Worker::new((*prototype).clone(), fast, max_input_length);
                     queue.iter().for_each(|job| worker.run(job))
                 })
                 .expect("spawn a tokenization worker");
@@ -156,7 +162,24 @@ impl TokenizerPool {
             max_input_length,
             inline: Arc::default(),
             prototype,
+            fast,
         }
+    }
+
+    /// Whether ids come from the v1 pipeline (see [`FastTokenizer`]).
+    pub fn fast(&self) -> bool {
+        self.fast.get().is_some()
+    }
+
+    /// Takes ids from `fast` from now on: the same tokenizer.json, checked against this pool's
+    /// tokenizer (see [`FastTokenizer::load`] and [`TokenizerPool::reference`]).
+    pub fn use_fast(&self, fast: FastTokenizer) {
+        let _ = self.fast.set(fast);
+    }
+
+    /// A copy of the classic tokenizer, to check the v1 pipeline against.
+    pub fn reference(&self) -> Tokenizer {
+        (*self.prototype).clone()
     }
 
     /// How many threads tokenize.
@@ -277,8 +300,10 @@ impl TokenizerPool {
 
     fn inline<R>(&self, run: impl FnOnce(&mut Worker) -> R) -> R {
         let taken = self.lock_inline().pop();
-        let mut worker =
-            taken.unwrap_or_else(|| Worker::new((*self.prototype).clone(), self.max_input_length));
+        let mut worker = taken.unwrap_or_else(|| {
+            let fast = self.fast.clone();
+            Worker::new((*self.prototype).clone(), fast, self.max_input_length)
+        });
         let out = run(&mut worker);
         self.lock_inline().push(worker);
         out
@@ -300,15 +325,21 @@ fn stopped() -> IvyError {
 
 struct Worker {
     tokenizer: Tokenizer,
+    fast: Arc<OnceLock<FastTokenizer>>,
     max_input_length: usize,
     /// Busy time against wall time times workers says whether tokenization could bottleneck.
     busy_microseconds: metrics::Counter,
 }
 
 impl Worker {
-    fn new(tokenizer: Tokenizer, max_input_length: usize) -> Worker {
+    fn new(
+        tokenizer: Tokenizer,
+        fast: Arc<OnceLock<FastTokenizer>>,
+        max_input_length: usize,
+    ) -> Worker {
         Worker {
             tokenizer,
+            fast,
             max_input_length,
             busy_microseconds: metrics::counter!("ivy_tokenizer_busy_microseconds_total"),
         }
@@ -361,19 +392,59 @@ impl Worker {
     ) -> Result<Vec<u32>, IvyError> {
         let templated = format!("{}{text}", options.prompt);
         let limit = options.limit(self.max_input_length);
-        self.truncate(limit, TruncationStrategy::LongestFirst, options.direction)?;
-        let encoding = self
-            .tokenizer
-            .encode_fast(templated.as_str(), options.add_special_tokens)
-            .map_err(|e| {
-                IvyError::Tokenizer(format!("input {index} could not be tokenized: {e}"))
-            })?;
-        if !options.truncate && !encoding.get_overflowing().is_empty() {
-            return Err(IvyError::Validation(format!(
+        let cut = truncation(limit, TruncationStrategy::LongestFirst, options.direction);
+        match self.ids(&templated, None, options.add_special_tokens, cut, options.truncate) {
+            Ok(ids) => Ok(ids.ids),
+            Err(Refused::TooLong) => Err(IvyError::Validation(format!(
                 "input {index} is longer than the model's limit of {limit} tokens; shorten it or set truncate to true"
-            )));
+            ))),
+            Err(Refused::Failed(e)) => Err(IvyError::Tokenizer(format!(
+                "input {index} could not be tokenized: {e}"
+            ))),
         }
-        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The ids of `first` (or of the pair `first`, `second`) within `cut`: shortened when
+    /// `truncate`, else TooLong past it. Failed where `cut` cannot be met (the first of a pair
+    /// alone too long) or tokenizing fails.
+    fn ids(
+        &mut self,
+        first: &str,
+        second: Option<&str>,
+        specials: bool,
+        cut: TruncationParams,
+        truncate: bool,
+    ) -> Result<Ids, Refused> {
+        if let Some(fast) = self.fast.get() {
+            if truncate {
+                return fast
+                    .encode(first, second, specials, Some(&cut))
+                    .map_err(Refused::Failed);
+            }
+            let ids = (fast.encode(first, second, specials, None)).map_err(Refused::Failed)?;
+            if ids.ids.len() <= cut.max_length {
+                return Ok(ids);
+            }
+            // Too long either way; cutting says which refusal it is.
+            return Err(match fast.encode(first, second, specials, Some(&cut)) {
+                Ok(_) => Refused::TooLong,
+                Err(e) => Refused::Failed(e),
+            });
+        }
+        (self.tokenizer.with_truncation(Some(cut))).map_err(|e| Refused::Failed(e.to_string()))?;
+        let input: EncodeInput = match second {
+            Some(second) => (first, second).into(),
+            None => first.into(),
+        };
+        let encoding = (self.tokenizer.encode_fast(input, specials))
+            .map_err(|e| Refused::Failed(e.to_string()))?;
+        if !truncate && !encoding.get_overflowing().is_empty() {
+            return Err(Refused::TooLong);
+        }
+        Ok(Ids {
+            ids: encoding.get_ids().to_vec(),
+            types: encoding.get_type_ids().to_vec(),
+        })
     }
 
     fn windows(
@@ -383,6 +454,24 @@ impl Worker {
         options: &EncodeOptions,
     ) -> Result<Vec<Vec<u32>>, IvyError> {
         let templated = format!("{}{text}", options.prompt);
+        // Most inputs fit in one window, which v1 finds cheaply; the classic tokenizer's overflow
+        // cuts the windows of the rest.
+        if self.fast.get().is_some() {
+            let whole = truncation(
+                self.max_input_length,
+                TruncationStrategy::LongestFirst,
+                TruncationDirection::Right,
+            );
+            match self.ids(&templated, None, options.add_special_tokens, whole, false) {
+                Ok(ids) => return Ok(vec![ids.ids]),
+                Err(Refused::TooLong) => {}
+                Err(Refused::Failed(e)) => {
+                    return Err(IvyError::Tokenizer(format!(
+                        "an input could not be tokenized: {e}"
+                    )))
+                }
+            }
+        }
         // The tokenizer's own overflow: each window post-processed with the special tokens.
         let stride = overlap.min(self.max_input_length / 2);
         let params = TruncationParams {
@@ -422,6 +511,24 @@ impl Worker {
             None => document,
         };
         let limit = self.max_input_length;
+        let no_room = |e| {
+            IvyError::Validation(format!(
+                "the query does not leave room for document {index} within the model's limit of {limit} tokens: {e}"
+            ))
+        };
+        // As in `windows`: v1 for a pair that fits, the classic overflow for the windows.
+        if self.fast.get().is_some() {
+            let whole = truncation(
+                limit,
+                TruncationStrategy::OnlySecond,
+                TruncationDirection::Right,
+            );
+            match self.ids(&options.query, Some(document), true, whole, false) {
+                Ok(ids) => return Ok(vec![pair_ids(ids)]),
+                Err(Refused::TooLong) => {}
+                Err(Refused::Failed(e)) => return Err(no_room(e)),
+            }
+        }
         let params = TruncationParams {
             direction: TruncationDirection::Right,
             max_length: limit,
@@ -434,11 +541,7 @@ impl Worker {
         // Not encode_fast: its overflowing windows of a pair come with their type ids all 0.
         let encoding = (self.tokenizer)
             .encode((&*options.query, document), true)
-            .map_err(|e| {
-                IvyError::Validation(format!(
-                    "the query does not leave room for document {index} within the model's limit of {limit} tokens: {e}"
-                ))
-            })?;
+            .map_err(|e| no_room(e.to_string()))?;
         let windows = std::iter::once(&encoding).chain(encoding.get_overflowing());
         Ok(windows
             .map(|w| Encoded {
@@ -475,51 +578,36 @@ impl Worker {
                 before.replace("{query}", &options.query),
                 after.replace("{query}", &options.query)
             );
-            let room = self
-                .max_input_length
-                .saturating_sub(rendered.prefix.len() + rendered.suffix.len());
-            self.truncate(
+            let room = limit.saturating_sub(rendered.prefix.len() + rendered.suffix.len());
+            let room = truncation(
                 room,
                 TruncationStrategy::LongestFirst,
                 TruncationDirection::Right,
-            )?;
-            let encoding = self
-                .tokenizer
-                .encode_fast(text.as_str(), false)
-                .map_err(|e| {
-                    IvyError::Tokenizer(format!("document {index} could not be tokenized: {e}"))
-                })?;
-            if !options.truncate && !encoding.get_overflowing().is_empty() {
-                return Err(too_long());
-            }
-            let ids = [
-                &rendered.prefix[..],
-                encoding.get_ids(),
-                &rendered.suffix[..],
-            ]
-            .concat();
+            );
+            let ids = match self.ids(&text, None, false, room, options.truncate) {
+                Ok(ids) => ids.ids,
+                Err(Refused::TooLong) => return Err(too_long()),
+                Err(Refused::Failed(e)) => {
+                    return Err(IvyError::Tokenizer(format!(
+                        "document {index} could not be tokenized: {e}"
+                    )))
+                }
+            };
+            let ids = [&rendered.prefix[..], &ids, &rendered.suffix[..]].concat();
             return Ok(Encoded { ids, types: None });
         }
-        self.truncate(
-            self.max_input_length,
+        let whole = truncation(
+            limit,
             TruncationStrategy::OnlySecond,
             TruncationDirection::Right,
-        )?;
-        let encoding = self
-            .tokenizer
-            .encode_fast((&*options.query, document), true)
-            .map_err(|e| {
-                IvyError::Validation(format!(
-                    "the query does not leave room for document {index} within the model's limit of {limit} tokens: {e}"
-                ))
-            })?;
-        if !options.truncate && !encoding.get_overflowing().is_empty() {
-            return Err(too_long());
+        );
+        match self.ids(&options.query, Some(document), true, whole, options.truncate) {
+            Ok(ids) => Ok(pair_ids(ids)),
+            Err(Refused::TooLong) => Err(too_long()),
+            Err(Refused::Failed(e)) => Err(IvyError::Validation(format!(
+                "the query does not leave room for document {index} within the model's limit of {limit} tokens: {e}"
+            ))),
         }
-        Ok(Encoded {
-            ids: encoding.get_ids().to_vec(),
-            types: Some(encoding.get_type_ids().to_vec()),
-        })
     }
 
     /// `text` cut after its first `max` tokens (at the next token's first byte).
@@ -563,25 +651,33 @@ impl Worker {
             })
             .collect())
     }
+}
 
-    fn truncate(
-        &mut self,
-        max_length: usize,
-        strategy: TruncationStrategy,
-        direction: TruncationDirection,
-    ) -> Result<(), IvyError> {
-        let params = TruncationParams {
-            direction,
-            max_length,
-            strategy,
-            stride: 0,
-        };
-        self.tokenizer
-            .with_truncation(Some(params))
-            .map(|_| ())
-            .map_err(|e| {
-                IvyError::Tokenizer(format!("cannot truncate to {max_length} tokens: {e}"))
-            })
+/// Why an input got no ids (see [`Worker::ids`]).
+enum Refused {
+    TooLong,
+    Failed(String),
+}
+
+/// Truncation to `max_length` tokens (special ones included).
+fn truncation(
+    max_length: usize,
+    strategy: TruncationStrategy,
+    direction: TruncationDirection,
+) -> TruncationParams {
+    TruncationParams {
+        direction,
+        max_length,
+        strategy,
+        stride: 0,
+    }
+}
+
+/// A cross-encoder's pair: its ids with their type ids.
+fn pair_ids(ids: Ids) -> Encoded {
+    Encoded {
+        ids: ids.ids,
+        types: Some(ids.types),
     }
 }
 
@@ -592,6 +688,22 @@ mod tests {
 
     /// A word-level tokenizer that wraps inputs in [CLS] ... [SEP], as BERT's does.
     fn tokenizer() -> Tokenizer {
+        Tokenizer::from_str(&tokenizer_json()).unwrap()
+    }
+
+    /// The pool with the classic tokenizer alone and with v1 beside it: each test runs on both.
+    fn pools(workers: usize, max_input_length: usize) -> [TokenizerPool; 2] {
+        let fast = TokenizerPool::new(tokenizer(), workers, max_input_length);
+        let checked = FastTokenizer::load(tokenizer_json().as_bytes(), &mut fast.reference());
+        fast.use_fast(checked.expect("v1 reads the test tokenizer as the classic one does"));
+        assert!(fast.fast());
+        [
+            TokenizerPool::new(tokenizer(), workers, max_input_length),
+            fast,
+        ]
+    }
+
+    fn tokenizer_json() -> String {
         let vocab = r#"{"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "query": 3, "a": 4, "b": 5, "c": 6, "d": 7, "e": 8}"#;
         let special = r#"{"[CLS]": {"id": "[CLS]", "ids": [1], "tokens": ["[CLS]"]}, "[SEP]": {"id": "[SEP]", "ids": [2], "tokens": ["[SEP]"]}}"#;
         let json = format!(
@@ -605,7 +717,7 @@ mod tests {
                     "special_tokens": {special}}},
                 "model": {{"type": "WordLevel", "vocab": {vocab}, "unk_token": "[UNK]"}}}}"#
         );
-        Tokenizer::from_str(&json).unwrap()
+        json
     }
 
     fn options(prompt: &str, truncate: bool, direction: TruncationDirection) -> Arc<EncodeOptions> {
@@ -628,96 +740,100 @@ mod tests {
 
     #[tokio::test]
     async fn encodes_with_prompt_and_special_tokens() {
-        let pool = TokenizerPool::new(tokenizer(), 2, 6);
-        let ids = pool
-            .encode(
-                0,
-                "a b".into(),
-                options("query ", false, TruncationDirection::Right),
-            )
-            .await
-            .unwrap();
-        assert_eq!(ids, [1, 3, 4, 5, 2]);
+        for pool in pools(2, 6) {
+            let ids = pool
+                .encode(
+                    0,
+                    "a b".into(),
+                    options("query ", false, TruncationDirection::Right),
+                )
+                .await
+                .unwrap();
+            assert_eq!(ids, [1, 3, 4, 5, 2]);
+        }
     }
 
     #[tokio::test]
     async fn rejects_or_truncates_long_inputs_keeping_special_tokens() {
-        let pool = TokenizerPool::new(tokenizer(), 1, 4);
-        let err = pool
-            .encode(
-                3,
-                "a b c d".into(),
-                options("", false, TruncationDirection::Right),
-            )
-            .await
-            .unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("input 3 is longer than the model's limit of 4 tokens"));
-        let right = pool
-            .encode(
-                0,
-                "a b c d".into(),
-                options("", true, TruncationDirection::Right),
-            )
-            .await
-            .unwrap();
-        assert_eq!(right, [1, 4, 5, 2]);
-        let left = pool
-            .encode(
-                0,
-                "a b c d".into(),
-                options("", true, TruncationDirection::Left),
-            )
-            .await
-            .unwrap();
-        assert_eq!(left, [1, 6, 7, 2]);
-        // Exactly at the limit is not too long.
-        let exact = pool
-            .encode(
-                0,
-                "a b".into(),
-                options("", false, TruncationDirection::Right),
-            )
-            .await
-            .unwrap();
-        assert_eq!(exact, [1, 4, 5, 2]);
+        for pool in pools(1, 4) {
+            let err = pool
+                .encode(
+                    3,
+                    "a b c d".into(),
+                    options("", false, TruncationDirection::Right),
+                )
+                .await
+                .unwrap_err();
+            assert!(err
+                .to_string()
+                .contains("input 3 is longer than the model's limit of 4 tokens"));
+            let right = pool
+                .encode(
+                    0,
+                    "a b c d".into(),
+                    options("", true, TruncationDirection::Right),
+                )
+                .await
+                .unwrap();
+            assert_eq!(right, [1, 4, 5, 2]);
+            let left = pool
+                .encode(
+                    0,
+                    "a b c d".into(),
+                    options("", true, TruncationDirection::Left),
+                )
+                .await
+                .unwrap();
+            assert_eq!(left, [1, 6, 7, 2]);
+            // Exactly at the limit is not too long.
+            let exact = pool
+                .encode(
+                    0,
+                    "a b".into(),
+                    options("", false, TruncationDirection::Right),
+                )
+                .await
+                .unwrap();
+            assert_eq!(exact, [1, 4, 5, 2]);
+        }
     }
 
     #[tokio::test]
     async fn many_concurrent_inputs_come_back_to_their_callers() {
-        let pool = TokenizerPool::new(tokenizer(), 3, 16);
-        let words = ["a", "b", "c", "d", "e"];
-        let calls = (0..200).map(|i| {
-            let pool = pool.clone();
-            let text = words[..i % 5 + 1].join(" ");
-            // Inline and pooled calls mixed, as short and long requests come.
-            let mut opts = options("", false, TruncationDirection::Right);
-            if i % 3 == 0 {
-                opts = inline(opts);
+        for pool in pools(3, 16) {
+            let words = ["a", "b", "c", "d", "e"];
+            let calls = (0..200).map(|i| {
+                let pool = pool.clone();
+                let text = words[..i % 5 + 1].join(" ");
+                // Inline and pooled calls mixed, as short and long requests come.
+                let mut opts = options("", false, TruncationDirection::Right);
+                if i % 3 == 0 {
+                    opts = inline(opts);
+                }
+                async move { (i, pool.encode(i, text, opts).await.unwrap()) }
+            });
+            for (i, ids) in futures::future::join_all(calls).await {
+                assert_eq!(ids.len(), i % 5 + 3);
+                assert_eq!(ids[ids.len() - 2], (i % 5 + 4) as u32);
             }
-            async move { (i, pool.encode(i, text, opts).await.unwrap()) }
-        });
-        for (i, ids) in futures::future::join_all(calls).await {
-            assert_eq!(ids.len(), i % 5 + 3);
-            assert_eq!(ids[ids.len() - 2], (i % 5 + 4) as u32);
         }
     }
 
     #[tokio::test]
     async fn short_inputs_tokenized_inline_match_the_workers() {
-        let pool = TokenizerPool::new(tokenizer(), 1, 4);
-        for text in ["a", "a b", "a b c d e", "zz a"] {
-            for truncate in [false, true] {
-                for direction in [TruncationDirection::Right, TruncationDirection::Left] {
-                    let opts = options("query ", truncate, direction);
-                    let expected = pool.encode(7, text.into(), opts.clone()).await;
-                    let got = pool.encode(7, text.into(), inline(opts)).await;
-                    assert_eq!(
-                        format!("{got:?}"),
-                        format!("{expected:?}"),
-                        "{text:?} truncate={truncate}"
-                    );
+        for pool in pools(1, 4) {
+            for text in ["a", "a b", "a b c d e", "zz a"] {
+                for truncate in [false, true] {
+                    for direction in [TruncationDirection::Right, TruncationDirection::Left] {
+                        let opts = options("query ", truncate, direction);
+                        let expected = pool.encode(7, text.into(), opts.clone()).await;
+                        let got = pool.encode(7, text.into(), inline(opts)).await;
+                        assert_eq!(
+                            format!("{got:?}"),
+                            format!("{expected:?}"),
+                            "{text:?} truncate={truncate}"
+                        );
+                    }
                 }
             }
         }
@@ -736,99 +852,102 @@ mod tests {
 
     #[tokio::test]
     async fn pairs_take_the_tokenizer_template_and_shorten_only_the_document() {
-        let pool = TokenizerPool::new(tokenizer(), 1, 8);
-        let full = pool
-            .encode_pair(0, "c d".into(), pair("a b", false, None))
-            .await
-            .unwrap()
-            .remove(0);
-        assert_eq!(full.ids, [1, 4, 5, 2, 6, 7, 2]);
-        assert_eq!(full.types, Some(vec![0, 0, 0, 0, 1, 1, 1]));
-        let cut = pool
-            .encode_pair(0, "c d e e".into(), pair("a b", true, None))
-            .await
-            .unwrap()
-            .remove(0);
-        assert_eq!(cut.ids, [1, 4, 5, 2, 6, 7, 8, 2]);
-        let err = pool
-            .encode_pair(2, "c d e e".into(), pair("a b", false, None))
-            .await
-            .unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("document 2 with the query is longer"));
-        let long_query = pool
-            .encode_pair(1, "c".into(), pair("a b c d e a b", true, None))
-            .await;
-        assert!(long_query
-            .unwrap_err()
-            .to_string()
-            .contains("the query does not leave room for document 1"));
-        let capped = pool
-            .encode_pair(0, "c d e".into(), pair("a", false, Some(1)))
-            .await
-            .unwrap()
-            .remove(0);
-        assert_eq!(capped.ids, [1, 4, 2, 6, 2]);
+        for pool in pools(1, 8) {
+            let full = pool
+                .encode_pair(0, "c d".into(), pair("a b", false, None))
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(full.ids, [1, 4, 5, 2, 6, 7, 2]);
+            assert_eq!(full.types, Some(vec![0, 0, 0, 0, 1, 1, 1]));
+            let cut = pool
+                .encode_pair(0, "c d e e".into(), pair("a b", true, None))
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(cut.ids, [1, 4, 5, 2, 6, 7, 8, 2]);
+            let err = pool
+                .encode_pair(2, "c d e e".into(), pair("a b", false, None))
+                .await
+                .unwrap_err();
+            assert!(err
+                .to_string()
+                .contains("document 2 with the query is longer"));
+            let long_query = pool
+                .encode_pair(1, "c".into(), pair("a b c d e a b", true, None))
+                .await;
+            assert!(long_query
+                .unwrap_err()
+                .to_string()
+                .contains("the query does not leave room for document 1"));
+            let capped = pool
+                .encode_pair(0, "c d e".into(), pair("a", false, Some(1)))
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(capped.ids, [1, 4, 2, 6, 2]);
+        }
     }
 
     #[tokio::test]
     async fn a_long_document_is_paired_with_the_query_in_overlapping_windows() {
-        let pool = TokenizerPool::new(tokenizer(), 1, 8);
-        let options = Arc::new(PairOptions {
-            overlap: Some(1),
-            ..(*pair("a", false, None)).clone()
-        });
-        let windows = pool
-            .encode_pair(0, "c d e c d".into(), options)
-            .await
-            .unwrap();
-        // Every window's document part has type 1, the later windows' too.
-        assert_eq!(windows[1].types, Some(vec![0, 0, 0, 1, 1, 1]));
-        let ids: Vec<Vec<u32>> = windows.into_iter().map(|w| w.ids).collect();
-        // [CLS] a [SEP] + 4 document tokens + [SEP], the next window repeating one token.
-        assert_eq!(
-            ids,
-            vec![vec![1, 4, 2, 6, 7, 8, 6, 2], vec![1, 4, 2, 6, 7, 2]]
-        );
+        for pool in pools(1, 8) {
+            let options = Arc::new(PairOptions {
+                overlap: Some(1),
+                ..(*pair("a", false, None)).clone()
+            });
+            let windows = pool
+                .encode_pair(0, "c d e c d".into(), options)
+                .await
+                .unwrap();
+            // Every window's document part has type 1, the later windows' too.
+            assert_eq!(windows[1].types, Some(vec![0, 0, 0, 1, 1, 1]));
+            let ids: Vec<Vec<u32>> = windows.into_iter().map(|w| w.ids).collect();
+            // [CLS] a [SEP] + 4 document tokens + [SEP], the next window repeating one token.
+            assert_eq!(
+                ids,
+                vec![vec![1, 4, 2, 6, 7, 8, 6, 2], vec![1, 4, 2, 6, 7, 2]]
+            );
+        }
     }
 
     #[tokio::test]
     async fn a_rendered_prompt_puts_the_pair_between_its_prefix_and_suffix() {
-        let pool = TokenizerPool::new(tokenizer(), 1, 7);
-        let rendered = Rendered {
-            prefix: vec![3].into(),
-            content: "e {query} {document}".into(),
-            suffix: vec![2].into(),
-        };
-        let options = |truncate| {
-            Arc::new(PairOptions {
-                rendered: Some(rendered.clone()),
-                ..(*pair("a", truncate, None)).clone()
-            })
-        };
-        let got = pool
-            .encode_pair(0, "b c".into(), options(false))
-            .await
-            .unwrap()
-            .remove(0);
-        assert_eq!(
-            got,
-            Encoded {
-                ids: vec![3, 8, 4, 5, 6, 2],
-                types: None
-            }
-        );
-        let cut = pool
-            .encode_pair(0, "b c d e".into(), options(true))
-            .await
-            .unwrap()
-            .remove(0);
-        assert_eq!(cut.ids, [3, 8, 4, 5, 6, 7, 2]);
-        assert!(pool
-            .encode_pair(0, "b c d e".into(), options(false))
-            .await
-            .is_err());
+        for pool in pools(1, 7) {
+            let rendered = Rendered {
+                prefix: vec![3].into(),
+                content: "e {query} {document}".into(),
+                suffix: vec![2].into(),
+            };
+            let options = |truncate| {
+                Arc::new(PairOptions {
+                    rendered: Some(rendered.clone()),
+                    ..(*pair("a", truncate, None)).clone()
+                })
+            };
+            let got = pool
+                .encode_pair(0, "b c".into(), options(false))
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(
+                got,
+                Encoded {
+                    ids: vec![3, 8, 4, 5, 6, 2],
+                    types: None
+                }
+            );
+            let cut = pool
+                .encode_pair(0, "b c d e".into(), options(true))
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(cut.ids, [3, 8, 4, 5, 6, 7, 2]);
+            assert!(pool
+                .encode_pair(0, "b c d e".into(), options(false))
+                .await
+                .is_err());
+        }
     }
 
     #[test]
@@ -846,26 +965,27 @@ mod tests {
 
     #[tokio::test]
     async fn tokenize_reports_text_offsets_and_special_tokens() {
-        let pool = TokenizerPool::new(tokenizer(), 1, 16);
-        let tokens = pool
-            .tokenize(
-                "a zz".into(),
-                options("", false, TruncationDirection::Right),
-            )
-            .await
-            .unwrap();
-        let texts: Vec<_> = tokens
-            .iter()
-            .map(|t| (t.id, t.text.as_str(), t.special, t.start))
-            .collect();
-        assert_eq!(
-            texts,
-            [
-                (1, "[CLS]", true, None),
-                (4, "a", false, Some(0)),
-                (0, "zz", false, Some(2)),
-                (2, "[SEP]", true, None)
-            ]
-        );
+        for pool in pools(1, 16) {
+            let tokens = pool
+                .tokenize(
+                    "a zz".into(),
+                    options("", false, TruncationDirection::Right),
+                )
+                .await
+                .unwrap();
+            let texts: Vec<_> = tokens
+                .iter()
+                .map(|t| (t.id, t.text.as_str(), t.special, t.start))
+                .collect();
+            assert_eq!(
+                texts,
+                [
+                    (1, "[CLS]", true, None),
+                    (4, "a", false, Some(0)),
+                    (0, "zz", false, Some(2)),
+                    (2, "[SEP]", true, None)
+                ]
+            );
+        }
     }
 }

@@ -85,6 +85,7 @@ async fn describe(gateway: &Gateway) -> Value {
     body["long_inputs"] = json!(args.long_inputs);
     body["chunk_overlap"] = json!(args.chunk_overlap);
     body["tokenization_workers"] = json!(gateway.tokenizer().workers());
+    body["fast_tokenizer"] = json!(gateway.tokenizer().fast());
     body["engine"] = engine;
     body["replica_timeout_seconds"] = json!(args.replica_timeout.as_secs_f64());
     body["health_interval_seconds"] = json!(args.health_interval.as_secs_f64());
