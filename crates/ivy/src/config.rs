@@ -84,9 +84,9 @@ pub struct IvyArgs {
     /// Token ids from the tokenizers crate's v1 pipeline, several times faster: `auto` uses it
     /// where it gives the classic tokenizer's ids on probe texts at start (/info says whether),
     /// `off` never.
-    #[arg(long, env = "FAST_TOKENIZER", value_enum, default_value_t = FastTokenizer::Auto,
+    #[arg(long, env = "FAST_TOKENIZER", value_enum, default_value_t = FastTokenizerMode::Auto,
           help_heading = heading::SERVING)]
-    pub fast_tokenizer: FastTokenizer,
+    pub fast_tokenizer: FastTokenizerMode,
 
     /// Prompt (from the model's sentence-transformers config) applied when a request names none.
     #[arg(long, env = "DEFAULT_PROMPT_NAME", help_heading = heading::MODEL)]
@@ -166,7 +166,7 @@ pub enum LongInputs {
 
 /// Whether ids come from the tokenizers crate's v1 pipeline (see `ivy::fast_tokenizer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum FastTokenizer {
+pub enum FastTokenizerMode {
     /// Where it agrees with the classic tokenizer on the probe texts.
     Auto,
     /// Never.

@@ -41,9 +41,8 @@ const PROBES: &[&str] = &[
 
 impl FastTokenizer {
     /// Reads `json` and checks it against `reference` (the same file read by the `Tokenizer`);
-    /// Err says why v1 is not used. Leaves `reference` without padding and truncation, as
-    /// serving uses it.
-    pub fn load(json: &[u8], reference: &mut Tokenizer) -> Result<FastTokenizer, String> {
+    /// Err says why v1 is not used.
+    pub fn load(json: &[u8], mut reference: Tokenizer) -> Result<FastTokenizer, String> {
         reference.with_padding(None);
         let mut value: serde_json::Value =
             serde_json::from_slice(json).map_err(|e| e.to_string())?;
@@ -51,9 +50,7 @@ impl FastTokenizer {
         tokenizers_v1::canonicalize_value(&mut value).map_err(|e| e.to_string())?;
         let pipeline = tokenizers_v1::from_json(&value.to_string()).map_err(|e| e.to_string())?;
         let fast = FastTokenizer(pipeline);
-        let checked = fast.agrees_with(reference);
-        let _ = reference.with_truncation(None);
-        checked.map(|()| fast)
+        fast.agrees_with(&mut reference).map(|()| fast)
     }
 
     /// The ids of `first` (or of the pair `first`, `second`), with the template's special tokens
@@ -197,8 +194,8 @@ mod tests {
 
     #[test]
     fn gives_the_classic_ids_of_texts_and_pairs() {
-        let mut classic = Tokenizer::from_str(&json(true)).unwrap();
-        let fast = FastTokenizer::load(json(true).as_bytes(), &mut classic).unwrap();
+        let classic = Tokenizer::from_str(&json(true)).unwrap();
+        let fast = FastTokenizer::load(json(true).as_bytes(), classic).unwrap();
         let pair = fast
             .encode("The quick", Some("brown fox"), true, None)
             .unwrap();
@@ -216,8 +213,8 @@ mod tests {
     #[test]
     fn is_refused_where_it_differs_from_the_classic_tokenizer() {
         // The classic tokenizer lower-cases, this file does not: "The" is [UNK] to v1 only.
-        let mut classic = Tokenizer::from_str(&json(true)).unwrap();
-        let refused = FastTokenizer::load(json(false).as_bytes(), &mut classic);
+        let classic = Tokenizer::from_str(&json(true)).unwrap();
+        let refused = FastTokenizer::load(json(false).as_bytes(), classic);
         let why = refused.err().expect("a differing tokenizer is refused");
         assert!(why.contains("The quick brown fox"), "{why}");
     }
@@ -232,8 +229,8 @@ mod tests {
             ("Gemma (BPE with byte fallback)", gemma_like()),
         ] {
             let text = json.to_string();
-            let mut classic = Tokenizer::from_str(&text).unwrap();
-            let fast = FastTokenizer::load(text.as_bytes(), &mut classic)
+            let classic = Tokenizer::from_str(&text).unwrap();
+            let fast = FastTokenizer::load(text.as_bytes(), classic)
                 .unwrap_or_else(|why| panic!("{family}: {why}"));
             let ids = fast.encode(PROBES[1], None, true, None).unwrap().ids;
             let distinct: std::collections::HashSet<_> = ids.iter().collect();

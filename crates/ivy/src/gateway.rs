@@ -368,7 +368,7 @@ fn load_fast_tokenizer(pool: &TokenizerPool, json: Vec<u8>, model: &str) {
     let (pool, model) = (pool.clone(), model.to_string());
     tokio::task::spawn_blocking(move || {
         let start = Instant::now();
-        match FastTokenizer::load(&json, &mut pool.reference()) {
+        match FastTokenizer::load(&json, pool.reference()) {
             Ok(fast) => {
                 pool.use_fast(fast);
                 let took = start.elapsed();
@@ -411,7 +411,7 @@ impl Served {
             .tokenization_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let tokenizer = TokenizerPool::new(tokenizer, workers, template.max_input_length);
-        if args.fast_tokenizer == config::FastTokenizer::Auto {
+        if args.fast_tokenizer == config::FastTokenizerMode::Auto {
             load_fast_tokenizer(&tokenizer, setup.tokenizer_json.clone(), &info.model_id);
         }
         let affixes = match &template.score {

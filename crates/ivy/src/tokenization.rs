@@ -694,7 +694,7 @@ mod tests {
     /// The pool with the classic tokenizer alone and with v1 beside it: each test runs on both.
     fn pools(workers: usize, max_input_length: usize) -> [TokenizerPool; 2] {
         let fast = TokenizerPool::new(tokenizer(), workers, max_input_length);
-        let checked = FastTokenizer::load(tokenizer_json().as_bytes(), &mut fast.reference());
+        let checked = FastTokenizer::load(tokenizer_json().as_bytes(), fast.reference());
         fast.use_fast(checked.expect("v1 reads the test tokenizer as the classic one does"));
         assert!(fast.fast());
         [
