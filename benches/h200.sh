@@ -10,7 +10,7 @@
 # freshly installed headers. Its built modules are loaded without ninja from its AOT folder.
 set -u
 source .gpu/env.sh
-aot=/tmp/site/flashinfer/data/aot
+aot=/tmp/gpu/site-packages/flashinfer/data/aot  # .gpu/env.sh's folder
 caches=("${HOME#/}/.triton/cache" "${HOME#/}/.cache/rose")
 if [ ! -e /tmp/.caches-restored ]; then
   mkdir -p "$aot"

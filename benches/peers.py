@@ -30,7 +30,7 @@ import numpy as np
 import requests
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from gpu_check import documents  # noqa: E402
+from gpu_check import documents, settle  # noqa: E402
 
 from support import free_port  # noqa: E402
 
@@ -237,6 +237,8 @@ def main() -> None:
                                    args.out))  # fmt: skip
         for side in sides:  # warm: every bucket's eager run and capture, vLLM's compile
             batch_rate(side, docs, args.client_batch, args.concurrency)
+            if side.name.startswith("ivy"):
+                settle(side.url, lambda side=side: batch_rate(side, docs, args.client_batch, args.concurrency))
         rates: dict[str, list[float]] = {s.name: [] for s in sides}
         for _ in range(args.rounds):  # alternating, so that drift falls on every side alike
             for side in sides:
@@ -250,7 +252,8 @@ def main() -> None:
                             "batch_runs": [round(r) for r in rates[side.name]], "query_ms": latency,
                             "first_answer_s": round(side.first_answer, 2),
                             "worst_cosine": fidelity.get("worst_cosine"),
-                            "fallbacks": fidelity.get("fallbacks")})  # fmt: skip
+                            "fallbacks": fidelity.get("fallbacks"),
+                            "fused_swiglu": (info.get("engine") or {}).get("fused_swiglu")})  # fmt: skip
             print(json.dumps(results[-1]), flush=True)
     finally:
         for side in sides:

@@ -10,8 +10,8 @@ measured copy bandwidth.
 
 Steps run eagerly (graphs off) so that the profiler sees each kernel; the same steps' wall time
 under CUDA graphs is printed beside, so the launch cost graphs remove shows too, and under graphs
-with the matmuls' epilogue fusions off (rose.ops.kernels.FUSED_EPILOGUES), what they save. Prints a
-Markdown table and a JSON line.
+with the matmuls' epilogue fusions off (rose.ops.kernels.FUSED_EPILOGUES) and with SwiGLU's alone
+off (`fused_swiglu="off"`), what they save. Prints a Markdown table and a JSON line.
 """
 
 from __future__ import annotations
@@ -130,9 +130,13 @@ def main() -> None:
     peaks = measured_peaks()
     timed = {}
     # The last engine is the profiled one: graphs off, epilogues fused as served.
-    for name, graphs, fused in (("unfused", "lazy", False), ("lazy", "lazy", True), ("off", "off", True)):
+    runs = (("unfused", "lazy", False, "auto"), ("swiglu unfused", "lazy", True, "off"), ("lazy", "lazy", True, "auto"),
+            ("off", "off", True, "auto"))  # fmt: skip
+    for name, graphs, fused, swiglu in runs:
         kernels.FUSED_EPILOGUES = fused
-        engine = rose.Engine(folder, device=args.device, dtype=args.dtype, cuda_graphs=graphs, verify=False)
+        engine = rose.Engine(folder, device=args.device, dtype=args.dtype, cuda_graphs=graphs, verify=False,
+                             fused_swiglu=swiglu)  # fmt: skip
+        engine.swiglu.wait()  # loaded before the steps, as a server has it after its first large ones
         for _ in range(2):
             engine.embed_batches(steps)
         torch.cuda.synchronize()
@@ -153,7 +157,8 @@ def main() -> None:
     rows["host gaps (eager)"] = max(0.0, timed["off"] - busy)
     rows["host gaps (graphs)"] = max(0.0, timed["lazy"] - busy)
     print(f"{floor['tokens_per_step']:.0f} tokens a step; step {timed['lazy']:.2f} ms under graphs, "
-          f"{timed['off']:.2f} ms eager, {timed['unfused']:.2f} ms under graphs with the epilogues unfused; "
+          f"{timed['off']:.2f} ms eager, {timed['unfused']:.2f} ms under graphs with the epilogues unfused, "
+          f"{timed['swiglu unfused']:.2f} with SwiGLU's alone unfused (fused: {engine.swiglu.state}); "
           f"peaks {json.dumps({k: round(v, 1) for k, v in peaks.items()})}")  # fmt: skip
     print("| part | ms a step | share | floor ms |\n|---|---|---|---|")
     for name, ms in rows.items():

@@ -71,6 +71,14 @@ pub struct EngineArgs {
           help_heading = heading::SERVING)]
     pub shared_prefix: String,
 
+    /// SwiGLU inside the gate/up product's epilogue on large steps of a decoder model (quack's
+    /// gated GEMM, Hopper and Blackwell; loaded in the background when the first large step
+    /// comes, so queries and the first answer never wait for it): auto or off. /info's
+    /// engine.fused_swiglu says where it stands.
+    #[arg(long, env = "FUSED_SWIGLU", default_value = "auto", value_parser = ["auto", "off"],
+          help_heading = heading::SERVING)]
+    pub fused_swiglu: String,
+
     /// What the model is served for: auto (score for a *ForSequenceClassification folder, else
     /// embed), embed, or score (a cross-encoder, or a causal reranker such as Qwen3-Reranker,
     /// which is published as a plain causal LM).
@@ -124,6 +132,7 @@ impl Rose {
                 kwargs.set_item("max_batch_requests", tulip.max_batch_requests)?;
                 kwargs.set_item("fused_decoder", &args.fused_decoder)?;
                 kwargs.set_item("shared_prefix", args.shared_prefix == "on")?;
+                kwargs.set_item("fused_swiglu", &args.fused_swiglu)?;
                 kwargs.set_item("task", &args.task)?;
                 kwargs.set_item("default_instruction", &args.default_instruction)?;
                 kwargs.set_item("inject_faults", &args.inject_faults)?;

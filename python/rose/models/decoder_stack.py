@@ -12,8 +12,9 @@ import torch
 from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
-from rose.models.layers import Linear, Weights, add_linear_rmsnorm
+from rose.models.layers import Linear, Weights, add_linear_rmsnorm, swiglu
 from rose.ops import kernels
+from rose.ops.fused_swiglu import GatedProduct
 
 
 @dataclass
@@ -43,6 +44,8 @@ class DecoderStack:
     weight_prefixes = ("model.",)
     qk_norm = False
     """Whether each layer norms q and k per head before RoPE (Qwen3)."""
+    fused_swiglu: GatedProduct | None = None
+    """The gate/up product with SwiGLU in its epilogue, once the engine has loaded it."""
 
     def __init__(
         self,
@@ -87,6 +90,11 @@ class DecoderStack:
                 )
             )
 
+    @property
+    def swiglu_shape(self) -> tuple[int, int]:
+        """The fused gate/up weight's shape [2 * intermediate, hidden] (rose.ops.fused_swiglu)."""
+        return tuple(self.layers[0].gate_up.weight.shape)
+
     def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states after the final norm."""
         spec = self.attention_spec
@@ -103,7 +111,7 @@ class DecoderStack:
                 out = attention(q, k, v)
             h = add_linear_rmsnorm(layer.o, out.reshape(-1, self.q_size), residual, layer.post_norm, self.eps)
             after = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-            h = add_linear_rmsnorm(layer.down, kernels.silu_and_mul(layer.gate_up(h)), residual, after, self.eps)
+            h = add_linear_rmsnorm(layer.down, swiglu(layer.gate_up, h, self.fused_swiglu), residual, after, self.eps)
         return h
 
     def _rotated(self, qkv: torch.Tensor, layer: _Layer, batch: RaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from rose.errors import ModelError
 from rose.ops import kernels
 from rose.ops.fp8 import FP8, Fp8Linear
+from rose.ops.fused_swiglu import MIN_TOKENS, GatedProduct
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": lambda x: F.gelu(x),
@@ -65,6 +66,16 @@ def activated(layer: Linear | Fp8Linear, x: torch.Tensor, activation: str) -> to
     if activation in _GELUS and layer.bias is not None and layer.plain and kernels.fuses_epilogues(x):
         return torch._addmm_activation(layer.bias, x, layer.weight.t(), use_gelu=True)
     return ACTIVATIONS[activation](layer(x))
+
+
+def swiglu(layer: Linear | Fp8Linear, x: torch.Tensor, fused: GatedProduct | None) -> torch.Tensor:
+    """silu(gate) * up of the fused gate/up `layer`'s product with x [tokens, hidden]. A large
+    step takes `fused` where the engine has loaded it (rose.ops.fused_swiglu): the activation in
+    the GEMM's epilogue instead of a kernel of its own."""
+    large = x.shape[0] >= MIN_TOKENS
+    if fused is not None and large and layer.bias is None and layer.plain and kernels.fuses_epilogues(x):
+        return fused(x, layer.weight)
+    return kernels.silu_and_mul(layer(x))
 
 
 class Weights:

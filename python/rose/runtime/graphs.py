@@ -39,6 +39,7 @@ class GraphStats:
     replays: int = 0
     eager_runs: int = 0
     evicted: int = 0
+    forgotten: int = 0
     pool_bytes: int = 0
     capture_seconds: float = 0.0
 
@@ -127,6 +128,15 @@ class CudaGraphs:
             self.graphs.pop(oldest).graph.reset()
             self.stats.evicted += 1
 
+    def forget(self, min_tokens: int) -> None:
+        """Drops the graphs of buckets of `min_tokens` or more: their next hits run eagerly and
+        capture again."""
+        for key in [k for k in self.graphs if k[0] >= min_tokens]:
+            entry = self.graphs.pop(key)
+            if entry.graph is not None:
+                entry.graph.reset()
+                self.stats.forgotten += 1
+
     def describe(self) -> dict:
         captured = [k for k, e in self.graphs.items() if e.graph is not None]
         return {
@@ -138,5 +148,6 @@ class CudaGraphs:
             "replays": self.stats.replays,
             "eager_runs": self.stats.eager_runs,
             "evicted": self.stats.evicted,
+            "forgotten": self.stats.forgotten,
             "capture_seconds": round(self.stats.capture_seconds, 3),
         }

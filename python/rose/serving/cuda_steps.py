@@ -52,6 +52,12 @@ class CudaSteps:
             mode, most = self.graphs.mode, self.graphs.max_graphs
             self.graphs = CudaGraphs(mode, most, attention, self._stream) if attention.graph_safe else None
 
+    def forget_graphs(self, min_tokens: int) -> None:
+        """Drops the graphs of buckets of `min_tokens` or more (the model's kernels for such steps
+        changed): their buckets run eagerly and capture again."""
+        if self.graphs is not None:
+            self.graphs.forget(min_tokens)
+
     def step(
         self,
         ids: np.ndarray,

@@ -30,6 +30,8 @@ from rose.models.multi_vector import expansion_key_lengths, token_head
 from rose.models.pooling import pool
 from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
+from rose.ops.fused_swiglu import MIN_TOKENS as FUSED_SWIGLU_MIN_TOKENS
+from rose.ops.fused_swiglu import FusedSwiglu
 from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.runtime.heap import start_trimming
 from rose.runtime.shared_prefix import PrefixLayout, shared_prefix
@@ -73,6 +75,7 @@ class Engine:
         default_instruction: str | None = None,
         inject_faults: str | None = None,
         shared_prefix: bool = True,
+        fused_swiglu: str = "auto",
     ) -> None:
         marks = [time.perf_counter()]
         start_trimming()
@@ -129,6 +132,11 @@ class Engine:
         # last token, which it scores, is always a pair's own).
         causal_last = spec.causal and spec.window is None and self.pooling == "last"
         self.shared_prefix = bool(shared_prefix and self.scoring and causal_last)
+        # A decoder's gate/up product with SwiGLU in its epilogue, for large steps; loaded on a
+        # thread when the first one comes (rose.ops.fused_swiglu).
+        sixteen_bit = self.matmul_dtype == self.dtype
+        self.swiglu = FusedSwiglu(fused_swiglu, getattr(self.model, "swiglu_shape", None) if sixteen_bit else None,
+                                  self.dtype, self.device)  # fmt: skip
         self.gpu: CudaSteps | None = None
         if on_gpu:
             self.gpu = CudaSteps(self.device, self.max_batch_tokens, self.max_batch_requests, cuda_graphs,
@@ -318,6 +326,9 @@ class Engine:
         if self.startup.pending:
             auto = self.attention if isinstance(self.attention, AutoBackend) else None
             self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
+        if self.swiglu.before_step(len(ids)):  # loaded: the graphs of large steps capture it
+            self.model.fused_swiglu = self.swiglu.kernel
+            self.gpu.forget_graphs(FUSED_SWIGLU_MIN_TOKENS)
         forward = self._token_rows if per_token else self._forward
         head = None if per_token else head
         if head is not None and self.shared_prefix and types is None:

@@ -34,6 +34,7 @@ def stats(engine: Engine) -> dict[str, Any]:
             "steps": engine.prefix_steps,
             "tokens_saved": engine.prefix_tokens_saved,
         },
+        "fused_swiglu": engine.swiglu.describe(),
         "steps": engine.steps_served,
         "oom_splits": engine.oom_splits,
         "injected_faults": engine.faults.describe() if engine.faults else None,
