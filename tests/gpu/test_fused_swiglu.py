@@ -5,6 +5,7 @@ path, the graphs of large buckets captured again once it has loaded."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,11 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
     docs = [rng.integers(1000, 30000, size=int(n)).tolist() for n in rng.integers(32, 513, size=64)]
     assert sum(map(len, docs)) >= MIN_TOKENS
     engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768)
+    loaded, load = threading.Event(), engine.swiglu._load
+    engine.swiglu._load = lambda *args: loaded.wait(120) and load(*args)  # held until the graph is captured
     unfused = [engine.embed_ids(docs) for _ in range(2)]  # the bucket's eager run, then its capture
     assert engine.swiglu.state == "loading"
+    loaded.set()
     engine.swiglu.wait()
     fused = [engine.embed_ids(docs)]  # handed over: the bucket's graph forgotten, an eager run
     assert engine.swiglu.describe()["state"] == "ready", engine.swiglu.describe()

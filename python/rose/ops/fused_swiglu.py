@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "off")
 
-MIN_TOKENS = 12288
-"""The smallest step (in padded tokens) that takes the fused product: below it cuBLAS and the
-activation kernel were as fast or faster (benches/swiglu_gemm.py)."""
+MIN_TOKENS = 4096
+"""The smallest step (in padded tokens) that takes the fused product: at 2,048 tokens cuBLAS and
+the activation kernel were faster, from 4,096 the fused one (benches/swiglu_gemm.py)."""
 
 MAX_ERROR = 2e-2
 """The largest relative error (Frobenius, against float32) the compiled kernel may show on random
