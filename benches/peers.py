@@ -71,13 +71,18 @@ class Side:
             self.process.kill()
 
 
-def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency: int) -> float:
-    """Tokens/s of the documents sent as client batches of `client_batch`, `concurrency` in flight."""
+def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency: int, warm: bool = False) -> float:
+    """Tokens/s of the documents sent as client batches of `client_batch`, `concurrency` in flight.
+    `warm`: a 429 is retried after its Retry-After (a fresh machine's first steps compile kernels
+    for a minute or more, and admission refuses what it cannot drain meanwhile)."""
     batches = [docs[i : i + client_batch] for i in range(0, len(docs), client_batch)]
     sessions = [requests.Session() for _ in range(concurrency)]
 
     def send(i: int) -> None:
         response = side.embed(batches[i], sessions[i % concurrency])
+        while warm and response.status_code == 429:
+            time.sleep(float(response.headers.get("retry-after", 1)))
+            response = side.embed(batches[i], sessions[i % concurrency])
         response.raise_for_status()
         assert len(response.json()["data"]) == len(batches[i])
 
@@ -236,7 +241,7 @@ def main() -> None:
             sides.append(vllm_side(args.vllm_env, vllm_folder(args.model, args.out), args.vllm_memory, args.vllm_arg,
                                    args.out))  # fmt: skip
         for side in sides:  # warm: every bucket's eager run and capture, vLLM's compile
-            batch_rate(side, docs, args.client_batch, args.concurrency)
+            batch_rate(side, docs, args.client_batch, args.concurrency, warm=True)
             if side.name.startswith("ivy"):
                 settle(side.url, lambda side=side: batch_rate(side, docs, args.client_batch, args.concurrency))
         rates: dict[str, list[float]] = {s.name: [] for s in sides}
