@@ -102,12 +102,13 @@ def http_query_p50(url: str, iterations: int) -> float:
 
 
 def worst_fidelity(url: str) -> float | None:
-    """The worst cosine of every tier checked so far (start-up's, and the deferred short and long
-    ones); None where the engine checks nothing (float32 on the CPU)."""
+    """The worst cosine of every tier checked so far (start-up's, the deferred short and long ones,
+    the large steps' once the fused SwiGLU is in); None where the engine checks nothing (float32
+    on the CPU)."""
     report = requests.get(f"{url}/info", timeout=30).json()["engine"]["fidelity"]
     if not report:
         return None
-    tiers = [report] + [report[k] for k in ("short_batches", "long_batches") if k in report]
+    tiers = [report] + [report[k] for k in ("short_batches", "long_batches", "large_batches") if k in report]
     return min(t["worst_cosine"] for t in tiers)
 
 

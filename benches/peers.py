@@ -257,6 +257,7 @@ def main() -> None:
                             "batch_runs": [round(r) for r in rates[side.name]], "query_ms": latency,
                             "first_answer_s": round(side.first_answer, 2),
                             "worst_cosine": fidelity.get("worst_cosine"),
+                            "worst_cosine_large": (fidelity.get("large_batches") or {}).get("worst_cosine"),
                             "fallbacks": fidelity.get("fallbacks"),
                             "fused_swiglu": (info.get("engine") or {}).get("fused_swiglu")})  # fmt: skip
             print(json.dumps(results[-1]), flush=True)

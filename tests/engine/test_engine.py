@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import rose
+from rose.serving import fidelity
 from support import cosines, encode, save_tiny_bert, transformers_pooled
 
 
@@ -103,6 +104,21 @@ def test_fidelity_check_passes_the_mixed_path_and_refuses_a_diverging_one() -> N
     strict = engine.check_fidelity(threshold=1.01)
     assert strict["fallbacks"] and strict["fallbacks"][0]["path"].startswith("sdpa, mixed")
     assert strict["worst_cosine"] < strict["threshold"]
+
+
+def test_large_steps_are_checked_against_the_same_reference() -> None:
+    # The check an engine runs when large steps change path (the fused SwiGLU): the fixed
+    # sequences repeated into one batch, each copy against the reference's vectors.
+    engine = rose.Engine(device="cpu", dtype="mixed")
+    verdict = engine.startup.check_large(4096, "large")
+    lengths = sum(min(n, engine.max_input_length) for n in fidelity.LENGTHS)
+    copies = -(-4096 // lengths)
+    assert verdict.passed and verdict.sequences == copies * len(fidelity.LENGTHS)
+    report = engine.fidelity["large_batches"]
+    assert report["path"] == "large" and report["worst_cosine"] == verdict.worst_cosine >= 0.999
+    engine.startup.threshold = 1.01
+    assert not engine.startup.check_large(4096, "large").passed
+    assert rose.Engine(device="cpu").startup.check_large(4096, "large") is None  # float32 checks nothing
 
 
 def test_the_fidelity_reference_is_kept_for_the_next_start_with_the_same_files(

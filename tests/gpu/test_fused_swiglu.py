@@ -50,10 +50,14 @@ def test_the_kernel_matches_float32_eager_and_under_a_graph() -> None:
     torch.testing.assert_close(captured, fused(x, weight), rtol=0, atol=0)
 
 
+def documents() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(1000, 30000, size=int(n)).tolist() for n in rng.integers(32, 513, size=64)]
+
+
 def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> None:
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
-    rng = np.random.default_rng(0)
-    docs = [rng.integers(1000, 30000, size=int(n)).tolist() for n in rng.integers(32, 513, size=64)]
+    docs = documents()
     assert sum(map(len, docs)) >= MIN_TOKENS
     engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768)
     loaded, load = threading.Event(), engine.swiglu._load
@@ -65,6 +69,7 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
     fused = [engine.embed_ids(docs)]  # handed over: the bucket's graph forgotten, an eager run
     assert engine.swiglu.describe()["state"] == "ready", engine.swiglu.describe()
     assert engine.stats()["cuda_graphs"]["forgotten"] == 1
+    assert engine.fidelity["large_batches"]["worst_cosine"] >= 0.999  # checked on a large step when handed over
     kernel, calls = engine.model.fused_swiglu, []
     engine.model.fused_swiglu = lambda x, w: calls.append(len(x)) or kernel(x, w)
     fused += [engine.embed_ids(docs) for _ in range(2)]  # captured, then replayed
@@ -78,3 +83,19 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
     off = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off")
     off.embed_ids(docs)
     assert off.swiglu.state == "off" and off.model.fused_swiglu is None
+
+
+def test_an_engine_refuses_a_kernel_that_fails_the_fidelity_check(tmp_path: Path) -> None:
+    folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
+    docs = documents()
+    engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768)
+    # A "kernel" whose activations are all 3: every token gets the same added vector.
+    engine.swiglu._load = lambda shape, dtype, device: lambda x, w: x.new_full((len(x), shape[0] // 2), 3.0)
+    before = engine.embed_ids(docs)  # starts the loading
+    engine.swiglu.wait()
+    after = engine.embed_ids(docs)  # handed over, checked, refused
+    state = engine.swiglu.describe()
+    assert state["state"] == "failed" and "against float32 on large steps" in state["why"], state
+    assert engine.model.fused_swiglu is None
+    assert engine.fidelity["large_batches"]["worst_cosine"] < 0.999
+    assert cosines(after, before).min() > 0.9999

@@ -57,6 +57,9 @@ def test_it_loads_on_the_first_large_step_and_is_handed_over_once() -> None:
     assert swiglu.before_step(100) and swiglu.kernel is product
     assert swiglu.describe()["state"] == "ready"
     assert not swiglu.before_step(MIN_TOKENS) and loader.calls == 1
+    swiglu.reject("worst cosine 0.98 against float32 on large steps")  # the engine's check of it failed
+    assert (swiglu.state, swiglu.kernel) == ("failed", None) and not swiglu.before_step(MIN_TOKENS)
+    assert loader.calls == 1
 
 
 def test_a_failed_load_leaves_the_unfused_path_serving() -> None:

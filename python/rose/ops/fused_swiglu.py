@@ -115,6 +115,11 @@ class FusedSwiglu:
         self.state = "ready"
         return True
 
+    def reject(self, why: str) -> None:
+        """Marks a loaded kernel as not served (the engine's fidelity check of it failed)."""
+        self.kernel, self.state, self.why = None, "failed", why
+        log.warning("the fused SwiGLU is not used: %s", why)
+
     def start(self) -> None:
         """Starts loading on a thread of its own (no-op unless waiting)."""
         if self.state != "waiting":

@@ -326,9 +326,8 @@ class Engine:
         if self.startup.pending:
             auto = self.attention if isinstance(self.attention, AutoBackend) else None
             self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
-        if self.swiglu.before_step(len(ids)):  # loaded: the graphs of large steps capture it
-            self.model.fused_swiglu = self.swiglu.kernel
-            self.gpu.forget_graphs(FUSED_SWIGLU_MIN_TOKENS)
+        if self.swiglu.before_step(len(ids)):
+            self._take_fused_swiglu()
         forward = self._token_rows if per_token else self._forward
         head = None if per_token else head
         if head is not None and self.shared_prefix and types is None:
@@ -344,6 +343,17 @@ class Engine:
             return LazyTensor(head(rows) if head is not None else rows)
         smallest = None if per_token else self.smallest_bucket
         return self.gpu.step(ids, cu, attention, forward, smallest, self.max_input_length, types, head, per_token)
+
+    def _take_fused_swiglu(self) -> None:
+        """Large steps take the fused SwiGLU just loaded (their graphs captured again), unless the
+        fidelity check of such a step fails with it."""
+        self.model.fused_swiglu = self.swiglu.kernel
+        self.gpu.forget_graphs(FUSED_SWIGLU_MIN_TOKENS)
+        verdict = self.startup.check_large(FUSED_SWIGLU_MIN_TOKENS, f"{self.path}, fused SwiGLU")
+        if verdict is not None and not verdict.passed:
+            self.model.fused_swiglu = None
+            self.gpu.forget_graphs(FUSED_SWIGLU_MIN_TOKENS)
+            self.swiglu.reject(f"worst cosine {verdict.worst_cosine:.6f} against float32 on large steps")
 
     def _key_sharing_attention(self) -> AttentionBackend | None:
         """The engine's backend that attends to gathered keys (auto's FlashInfer one), if any."""

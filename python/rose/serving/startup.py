@@ -123,6 +123,21 @@ class Startup:
         if self._expected is not None and self.fidelity is not None:
             self.fidelity["long_batches"] = self.check_tiers(fidelity.TIERS).report()
 
+    def check_large(self, min_tokens: int, path: str) -> fidelity.Verdict | None:
+        """Checks the path of large steps (`path` names it) against the reference kept by `check`:
+        the fixed sequences repeated into one batch of at least `min_tokens`, whose vectors are
+        the reference's again. No fallback (the caller drops what it added); None where start-up
+        checks nothing. The report goes to /info's fidelity.large_batches."""
+        if self._expected is None or self.fidelity is None:
+            return None
+        fixed, vectors = self._expected
+        copies = -(-min_tokens // sum(map(len, fixed)))
+        verdict = fidelity.measure(self._engine.pooled_states, path, fixed * copies, np.tile(vectors, (copies, 1)),
+                                   ("long",), None, self.threshold)  # fmt: skip
+        self.fidelity["large_batches"] = verdict.report()
+        log.info("fidelity check of %s: worst cosine %.6f", path, verdict.worst_cosine)
+        return verdict
+
     def check_tiers(self, tiers: tuple[str, ...]) -> fidelity.Verdict:
         """Checks the engine's path on `tiers` against the reference kept by `check`, falling back
         to plainer paths while it diverges."""
