@@ -4,8 +4,8 @@ epilogue (rose.ops.fused_swiglu), over step sizes; the source of fused_swiglu.MI
 
     python benches/swiglu_gemm.py [--hidden 1024 --intermediate 3072] [--tokens 2048 8192 ...]
 
-Each size: the two in alternating rounds, each round the mean of 50 back-to-back calls; medians
-of the rounds. Prints a Markdown table and a JSON line.
+Each size: the two in alternating rounds, each round the mean of 50 back-to-back calls after 3
+(fp8_speed.seconds); medians of the rounds. Prints a Markdown table and a JSON line.
 """
 
 from __future__ import annotations
@@ -16,18 +16,10 @@ import statistics
 import time
 
 import torch
+from fp8_speed import seconds
 
 from rose.ops import kernels
 from rose.ops.fused_swiglu import compile_for
-
-
-def mean_seconds(run: object, calls: int = 50) -> float:
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        run()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - began) / calls
 
 
 def main() -> None:
@@ -50,7 +42,7 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.rounds):
             for name, run in sides.items():
-                times[name].append(mean_seconds(run))
+                times[name].append(seconds(run))
         unfused, fast = (statistics.median(times[n]) * 1e3 for n in ("unfused", "fused"))
         tflops = 2 * tokens * shape[0] * shape[1] / (fast / 1e3) / 1e12
         rows.append({"tokens": tokens, "unfused_ms": round(unfused, 4), "fused_ms": round(fast, 4)})
