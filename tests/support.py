@@ -79,6 +79,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_range(count: int, avoid: int) -> int:
+    """The first of `count` consecutive free ports, none of them `avoid`: ivy-serve gives its
+    workers the ports from --grpc-port on, so a lone free port can clash with the next."""
+    while True:
+        base = free_port()
+        ports = range(base, base + count)
+        if avoid in ports or ports.stop > 65536:
+            continue
+        try:
+            for port in ports[1:]:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+
+
 @dataclass
 class Server:
     """A running ivy-serve: its HTTP base URL and Tulip's gRPC address."""
@@ -109,7 +126,8 @@ class Server:
 
 def start_server(log_dir: Path, *args: str, timeout: float = 180) -> Server:
     """Starts `ivy-serve` with `args` on free ports; returns once /health answers 200."""
-    port, grpc_port = free_port(), free_port()
+    port = free_port()
+    grpc_port = free_port_range(8, avoid=port)  # room for the workers of several models or replicas
     log = log_dir / f"ivy-serve-{port}.log"
     command = ["ivy-serve", "--hostname", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port), *args]
     env = {**os.environ, "DEVICE": os.environ.get("DEVICE", "cpu")}
