@@ -10,7 +10,10 @@
 # freshly installed headers. Its built modules are loaded without ninja from its AOT folder.
 set -u
 source .gpu/env.sh
-aot=/tmp/gpu/site-packages/flashinfer/data/aot  # .gpu/env.sh's folder
+# The carried wheels' folder: the first entry env.sh puts on PYTHONPATH. quack's compile cache
+# needs "site-packages" in that path (.gpu/install.sh installs into /tmp/gpu/site-packages).
+site=${PYTHONPATH%%:*}
+aot=$site/flashinfer/data/aot
 caches=("${HOME#/}/.triton/cache" "${HOME#/}/.cache/rose")
 if [ ! -e /tmp/.caches-restored ]; then
   mkdir -p "$aot"
