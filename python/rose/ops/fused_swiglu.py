@@ -3,7 +3,8 @@ comes with flash-attn-4) writes silu(gate) * up straight from its accumulators, 
 writes both halves and ROSE's activation kernel reads them back. It pays on large steps only
 (`benches/swiglu_gemm.py` sweeps the sizes), and quack takes seconds to import and compile, so an
 engine loads it on a thread when the first large step comes: queries and the first answer never
-wait for it, and the graphs of large steps are captured again once it is there."""
+wait for it. Once it is there the engine's fidelity check runs a large step with it
+(rose.serving.startup.Startup.check_large), and the graphs of large steps are captured again."""
 
 from __future__ import annotations
 
