@@ -131,6 +131,9 @@ def test_info_health_and_metrics(server: Server) -> None:
         "tulip_step_duration_seconds",
     ):
         assert name in metrics
+    # Counts get buckets of counts (a time's would put every step in +Inf).
+    assert 'tulip_batch_tokens_bucket{le="4096"}' in metrics
+    assert 'tulip_batch_sequences_bucket{le="1"}' in metrics
 
 
 def test_openai_sdk(server: Server, texts: list[str], reference: np.ndarray) -> None:
