@@ -4,6 +4,7 @@ Tulip in another process (ivy-serve --tulip-endpoint before tulip-serve)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 
@@ -69,12 +70,17 @@ def test_an_unreachable_server_raises_connection_error() -> None:
         tulip.Client("127.0.0.1:1", timeout=0.5)
 
 
+METRICS_PORT = free_port()
+"""Where the remote tulip-serve serves its metrics (--metrics-port)."""
+
+
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """ivy-serve fronting a tulip-serve process: Ivy reaches it over gRPC only."""
     logs = tmp_path_factory.mktemp("remote")
     grpc_port = free_port()
-    command = ["tulip-serve", "--hostname", "127.0.0.1", "--grpc-port", str(grpc_port)]
+    command = ["tulip-serve", "--hostname", "127.0.0.1", "--grpc-port", str(grpc_port),
+               "--metrics-port", str(METRICS_PORT)]  # fmt: skip
     env = {**os.environ, "DEVICE": os.environ.get("DEVICE", "cpu")}
     with (logs / "tulip-serve.log").open("w") as log:
         tulip_serve = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -101,3 +107,13 @@ def test_ivy_in_front_of_a_remote_tulip_answers_as_the_in_process_one(
     bad = embed(remote, [[101, 99999]])
     assert bad.status_code == 422 and "vocabulary" in bad.json()["error"]
     assert embed(remote, ["still serving"]).status_code == 200
+
+
+def test_a_remote_tulip_serves_its_own_step_metrics(remote: Server) -> None:
+    requests.post(f"{remote.url}/v1/embeddings", json={"input": ["count this step"]}, timeout=60).raise_for_status()
+    response = requests.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    steps = re.search(r"^tulip_batch_tokens_count (\d+)$", response.text, re.M)
+    assert steps is not None and int(steps.group(1)) >= 1, response.text[:2000]
+    assert "tulip_step_duration_seconds_bucket" in response.text
+    assert "ivy_requests_total" not in response.text  # Tulip's own, not the gateway's

@@ -47,6 +47,31 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// Serves this process's metrics alone, at /metrics on `listener`, until `shutdown`: for a Tulip
+/// without an Ivy in its process, whose step metrics no gateway serves.
+pub async fn serve_alone(
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let handle = install();
+    let render = move || {
+        let text = handle.render();
+        async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4",
+                )],
+                text,
+            )
+        }
+    };
+    let app = axum::Router::new().route("/metrics", axum::routing::get(render));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
 /// Records one answered request: where its time went (the numbers of its timing headers) and
 /// what it computed.
 pub fn record(route: &'static str, inputs: usize, t: &Timings) {

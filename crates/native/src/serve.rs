@@ -50,6 +50,11 @@ struct Listen {
     /// Address to listen on (0.0.0.0 for every interface).
     #[arg(long, env = "IVY_HOSTNAME", default_value = "0.0.0.0", help_heading = heading::SERVING)]
     hostname: String,
+
+    /// Serve Prometheus metrics (steps, batch sizes, queue: what ivy-serve's /metrics has of its
+    /// in-process Tulip) over HTTP at /metrics on this port of --hostname. Off unless given.
+    #[arg(long, env = "METRICS_PORT", help_heading = heading::SERVING)]
+    metrics_port: Option<u16>,
 }
 
 /// `ivy-serve`: Ivy, Tulip and ROSE in one process (or Ivy alone over `--tulip-endpoint`);
@@ -59,13 +64,17 @@ pub fn serve_ivy(py: Python<'_>, argv: Vec<String>) -> i32 {
     match IvyServe::try_parse_from(&argv) {
         Ok(a) if workers::wanted(&a.engine.model, &a.workers) => serve_workers(py, a, &argv),
         Ok(a) => {
-            let hostname = a.ivy.hostname.clone();
+            // Ivy's own /metrics has its in-process Tulip's.
+            let listen = Listen {
+                hostname: a.ivy.hostname.clone(),
+                metrics_port: None,
+            };
             serve(
                 py,
                 a.engine,
                 a.tulip,
                 Some(a.ivy),
-                hostname,
+                listen,
                 &a.logs,
                 "ivy-serve",
             )
@@ -87,7 +96,7 @@ pub fn serve_tulip(py: Python<'_>, argv: Vec<String>) -> i32 {
             a.engine,
             a.tulip,
             None,
-            a.listen.hostname,
+            a.listen,
             &a.logs,
             "tulip-serve",
         ),
@@ -106,7 +115,7 @@ fn serve(
     mut engine: EngineArgs,
     tulip: TulipArgs,
     mut ivy: Option<IvyArgs>,
-    hostname: String,
+    listen: Listen,
     logs: &Logs,
     command: &str,
 ) -> i32 {
@@ -146,7 +155,7 @@ fn serve(
         ivy.otlp_endpoint = logs.otlp_endpoint.clone();
     }
     // Everything below runs without the GIL: the engine thread takes it when it calls ROSE.
-    let result = py.detach(|| run(&runtime, engine, tulip, ivy, hostname, tokenizer));
+    let result = py.detach(|| run(&runtime, engine, tulip, ivy, listen, tokenizer));
     telemetry.shutdown();
     match result {
         Ok(()) => 0,
@@ -171,9 +180,10 @@ fn run(
     engine: EngineArgs,
     tulip: TulipArgs,
     mut ivy: Option<IvyArgs>,
-    hostname: String,
+    listen: Listen,
     tokenizer: Option<PathBuf>,
 ) -> Result<(), String> {
+    let hostname = listen.hostname;
     let keys = ApiKeys::load(&tulip.auth)?;
     if let Some(ivy) = ivy.as_mut() {
         ivy.keys = keys.clone();
@@ -201,6 +211,13 @@ fn run(
         let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, grpc_port))
             .await
             .map_err(|e| format!("cannot listen on {ip}:{grpc_port}: {e}"))?;
+        if let Some(port) = listen.metrics_port {
+            let metrics = tokio::net::TcpListener::bind(SocketAddr::new(ip, port))
+                .await
+                .map_err(|e| format!("cannot listen on {ip}:{port}: {e}"))?;
+            tracing::info!("Tulip serves its metrics at http://{ip}:{port}/metrics");
+            tokio::spawn(ivy::metrics::serve_alone(metrics, until(stopped.clone())));
+        }
         // Ivy's tokenizer is parsed while the engine loads.
         let early = tokenizer.map(EarlyTokenizer::start);
         let scheduler = start_engine(engine, tulip).await?;
