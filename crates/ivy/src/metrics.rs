@@ -12,6 +12,9 @@ const SECONDS: &[f64] = &[
     10.0, 30.0,
 ];
 
+/// The Content-Type of Prometheus' text format, which /metrics answers in.
+pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
+
 /// Buckets of the histograms that count (a step's tokens and sequences), not time.
 const COUNTS: &[(&str, &[f64])] = &[
     (
@@ -56,15 +59,7 @@ pub async fn serve_alone(
     let handle = install();
     let render = move || {
         let text = handle.render();
-        async move {
-            (
-                [(
-                    axum::http::header::CONTENT_TYPE,
-                    "text/plain; version=0.0.4",
-                )],
-                text,
-            )
-        }
+        async move { ([(axum::http::header::CONTENT_TYPE, TEXT_FORMAT)], text) }
     };
     let app = axum::Router::new().route("/metrics", axum::routing::get(render));
     axum::serve(listener, app)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
+
+from rose.runtime.background import in_background
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +128,7 @@ class FusedSwiglu:
         if self.state != "waiting":
             return
         self.state = "loading"
-        shape, dtype, device = self._args
-        pool = ThreadPoolExecutor(1, thread_name_prefix="rose-swiglu")
-        self._loading = pool.submit(self._load, shape, dtype, device)
-        pool.shutdown(wait=False)
+        self._loading = in_background(lambda: self._load(*self._args), name="rose-swiglu")
         log.info("loading the fused SwiGLU (quack's gated GEMM) in the background")
 
     def wait(self) -> None:

@@ -32,6 +32,7 @@ from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
 from rose.ops.fused_swiglu import MIN_TOKENS as FUSED_SWIGLU_MIN_TOKENS
 from rose.ops.fused_swiglu import FusedSwiglu
+from rose.runtime.background import in_background
 from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.runtime.heap import start_trimming
 from rose.runtime.shared_prefix import PrefixLayout, shared_prefix
@@ -41,7 +42,7 @@ from rose.serving.dtypes import dtype_name, resolve_device, resolve_dtype
 from rose.serving.faults import FaultInjection, is_fatal
 from rose.serving.fidelity import THRESHOLD
 from rose.serving.lazy import LazyTensor
-from rose.serving.startup import Startup, in_background
+from rose.serving.startup import Startup
 from rose.serving.task import resolve as resolve_task
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ plainer path (`Checked.fall_back`) and check again."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rose.attention import AttentionBackend, AutoBackend
+from rose.runtime.background import in_background
 from rose.serving import fidelity
 
 log = logging.getLogger(__name__)
@@ -166,18 +166,3 @@ class Startup:
             verdict.path,
         )
         return verdict
-
-
-def in_background(work: Callable[[], None]) -> Future[None]:
-    """Runs `work` on a daemon thread; the future says when it is done."""
-    future: Future[None] = Future()
-
-    def run() -> None:
-        try:
-            work()
-            future.set_result(None)
-        except BaseException as why:  # noqa: BLE001 - handed to whoever looks at the future
-            future.set_exception(why)
-
-    threading.Thread(target=run, name="rose-background", daemon=True).start()
-    return future

@@ -105,7 +105,7 @@ async fn describe(gateway: &Gateway) -> Value {
     responses((status = 200, description = "The metrics", body = String, content_type = "text/plain")))]
 pub(super) async fn metrics(State(gateway): State<Gateway>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::TEXT_FORMAT)],
         gateway.metrics().render(),
     )
 }
