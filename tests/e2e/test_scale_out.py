@@ -167,12 +167,18 @@ def test_a_killed_replica_loses_no_request_and_takes_chunks_again(
     time.sleep(1)
     load.stop()
     assert load.errors() == []
-    assert len(load.results) > 20
+    # The load crossed the failure: answers to requests in flight when the replica died, or sent
+    # while it was down (a count would depend on the host's speed; a slow CI host answers ~15).
+    crossed = [s for sent, s, _ in load.results if sent <= ready and sent + s >= killed]
+    assert crossed, "no request was in flight while the replica was down"
     print(
         f"\nkill: {len(load.results)} requests, 0 failed; p99 during the failure {load.p99(killed, ready):.3f} s, "
         f"overall {load.p99(0, float('inf')):.3f} s; chunks again {took - ready:.2f} s after ready"
     )
-    assert took - ready < 10
+    # Back in rotation at once: chunks of the next requests sent, so within one request's time
+    # under this load (seconds on a slow host), not after a back-off.
+    slowest = max(s for _, s, _ in load.results)
+    assert took - ready < max(10, slowest + 2)
 
 
 def test_a_hung_replicas_chunks_go_elsewhere_not_waited_for(
