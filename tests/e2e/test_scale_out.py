@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file, save_file
 
 import tulip
@@ -335,6 +336,14 @@ def test_replicas_as_worker_processes_on_the_cpu(tmp_path: Path, texts_module: l
             return all(r["chunks"] > 0 for r in info(server)["replicas"])
 
         wait_until(both_served, 60, "chunks on both workers")
+        # /metrics has each worker's steps, labelled by its address, in one valid family.
+        text = requests.get(f"{server.url}/metrics", timeout=10).text
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        steps = {s.labels["worker"]: s.value for s in families["tulip_batch_tokens"].samples
+                 if s.name == "tulip_batch_tokens_count"}  # fmt: skip
+        assert sorted(steps) == sorted(r["url"] for r in info(server)["replicas"])
+        assert all(count > 0 for count in steps.values())
+        assert families["ivy_requests"].samples, "the gateway's own metrics are kept"
     finally:
         server.stop()
 

@@ -142,6 +142,11 @@ pub struct IvyArgs {
     /// Where traces go (the process's --otlp-endpoint), for /info.
     #[arg(skip)]
     pub otlp_endpoint: Option<String>,
+
+    /// The Tulips are this process's own workers (`ivy-serve --replicas`, several `--model`s),
+    /// which no one else scrapes: /metrics adds theirs, each sample labelled by `worker`.
+    #[arg(skip)]
+    pub worker_metrics: bool,
 }
 
 /// What happens to an input longer than the model's limit.

@@ -25,7 +25,7 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| IvyError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
-    let metrics = crate::metrics::install();
+    let metrics = tulip::metrics::install();
     let gateway = Gateway::connect(args, tulips, CONNECT_PATIENCE, metrics, early).await?;
     let engine = gateway
         .replicas()

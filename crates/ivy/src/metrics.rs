@@ -1,54 +1,11 @@
 //! Prometheus metrics of the whole process (Ivy's and, in-process, Tulip's), served at /metrics.
 
-use std::sync::OnceLock;
 use std::time::Duration;
-
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::request::Timings;
 
-const SECONDS: &[f64] = &[
-    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-    10.0, 30.0,
-];
-
 /// The Content-Type of Prometheus' text format, which /metrics answers in.
 pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
-
-/// Buckets of the histograms that count (a step's tokens and sequences), not time.
-const COUNTS: &[(&str, &[f64])] = &[
-    (
-        "tulip_batch_tokens",
-        &[
-            16.0, 64.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 12288.0, 16384.0, 32768.0,
-            65536.0,
-        ],
-    ),
-    (
-        "tulip_batch_sequences",
-        &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0],
-    ),
-];
-
-/// Installs the process-wide recorder once and returns the handle that renders it.
-pub fn install() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let mut builder = PrometheusBuilder::new()
-                .set_buckets(SECONDS)
-                .expect("bucket list is not empty");
-            for (name, buckets) in COUNTS {
-                builder = builder
-                    .set_buckets_for_metric(Matcher::Full((*name).into()), buckets)
-                    .expect("bucket list is not empty");
-            }
-            builder
-                .install_recorder()
-                .expect("no other metrics recorder is installed")
-        })
-        .clone()
-}
 
 /// Serves this process's metrics alone, at /metrics on `listener`, until `shutdown`: for a Tulip
 /// without an Ivy in its process, whose step metrics no gateway serves.
@@ -56,7 +13,7 @@ pub async fn serve_alone(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let handle = install();
+    let handle = tulip::metrics::install();
     let render = move || {
         let text = handle.render();
         async move { ([(axum::http::header::CONTENT_TYPE, TEXT_FORMAT)], text) }
@@ -65,6 +22,68 @@ pub async fn serve_alone(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// This process's metrics text with each worker's (address, text) added: a worker's samples get
+/// a `worker` label, and each family keeps one HELP and TYPE line with all its samples under
+/// them, as Prometheus' text format requires.
+pub fn merge(own: &str, workers: &[(String, String)]) -> String {
+    let mut families: Vec<(String, Vec<String>)> = Vec::new();
+    let sources =
+        std::iter::once((None, own)).chain(workers.iter().map(|(w, t)| (Some(w), t.as_str())));
+    for (worker, text) in sources {
+        let mut current: Option<usize> = None;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            if let Some(comment) = line.strip_prefix("# ") {
+                let mut words = comment.splitn(3, ' ');
+                let (Some(kind @ ("HELP" | "TYPE")), Some(name)) = (words.next(), words.next())
+                else {
+                    continue;
+                };
+                let index = match families.iter().position(|(n, _)| n == name) {
+                    Some(index) => index,
+                    None => {
+                        families.push((name.to_string(), Vec::new()));
+                        families.len() - 1
+                    }
+                };
+                let lines = &mut families[index].1;
+                if !lines.iter().any(|l| l.starts_with(&format!("# {kind} "))) {
+                    // Headers before the samples already there (a family first seen without one).
+                    let at = lines.iter().take_while(|l| l.starts_with('#')).count();
+                    lines.insert(at, line.to_string());
+                }
+                current = Some(index);
+                continue;
+            }
+            let sample = match worker {
+                Some(worker) => labelled(line, "worker", worker),
+                None => line.to_string(),
+            };
+            match current {
+                Some(index) => families[index].1.push(sample),
+                None => families.push((String::new(), vec![sample])),
+            }
+        }
+    }
+    let mut out = String::new();
+    for line in families.iter().flat_map(|(_, lines)| lines) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// A sample line with `name="value"` added first among its labels.
+fn labelled(line: &str, name: &str, value: &str) -> String {
+    let end = line.find(['{', ' ']).unwrap_or(line.len());
+    let (metric, rest) = line.split_at(end);
+    let value = value.replace('\\', "\\\\").replace('"', "\\\"");
+    match rest.strip_prefix('{') {
+        Some(labels) if labels.starts_with('}') => format!("{metric}{{{name}=\"{value}\"{labels}"),
+        Some(labels) => format!("{metric}{{{name}=\"{value}\",{labels}"),
+        None => format!("{metric}{{{name}=\"{value}\"}}{rest}"),
+    }
 }
 
 /// Records one answered request: where its time went (the numbers of its timing headers) and
@@ -84,5 +103,41 @@ pub fn record(route: &'static str, inputs: usize, t: &Timings) {
     ];
     for (name, time) in parts {
         metrics::histogram!(name, "route" => route).record(time.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WORKER: &str = "# HELP tulip_steps_total Steps.\n# TYPE tulip_steps_total counter\ntulip_steps_total 3\n\n\
+        # TYPE tulip_batch_tokens histogram\ntulip_batch_tokens_bucket{le=\"16\"} 1\ntulip_batch_tokens_sum 9\n";
+
+    #[test]
+    fn workers_samples_join_their_family_labelled() {
+        let own = "# TYPE ivy_requests_total counter\nivy_requests_total{route=\"embed\"} 2\n";
+        let workers = [
+            ("http://a:1".to_string(), WORKER.to_string()),
+            ("b".to_string(), WORKER.to_string()),
+        ];
+        let merged = merge(own, &workers);
+        let want = "# TYPE ivy_requests_total counter\nivy_requests_total{route=\"embed\"} 2\n\
+            # HELP tulip_steps_total Steps.\n# TYPE tulip_steps_total counter\n\
+            tulip_steps_total{worker=\"http://a:1\"} 3\ntulip_steps_total{worker=\"b\"} 3\n\
+            # TYPE tulip_batch_tokens histogram\n\
+            tulip_batch_tokens_bucket{worker=\"http://a:1\",le=\"16\"} 1\ntulip_batch_tokens_sum{worker=\"http://a:1\"} 9\n\
+            tulip_batch_tokens_bucket{worker=\"b\",le=\"16\"} 1\ntulip_batch_tokens_sum{worker=\"b\"} 9\n";
+        assert_eq!(merged, want);
+        assert_eq!(merge(own, &[]), own);
+    }
+
+    #[test]
+    fn a_label_goes_first_and_its_value_is_escaped() {
+        assert_eq!(labelled("m 1", "w", "x"), "m{w=\"x\"} 1");
+        assert_eq!(labelled("m{} 1", "w", "x"), "m{w=\"x\"} 1");
+        assert_eq!(
+            labelled("m{a=\"b c\"} 1", "w", "q\""),
+            "m{w=\"q\\\"\",a=\"b c\"} 1"
+        );
     }
 }

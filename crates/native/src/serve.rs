@@ -218,6 +218,9 @@ fn run(
             tracing::info!("Tulip serves its metrics at http://{ip}:{port}/metrics");
             tokio::spawn(ivy::metrics::serve_alone(metrics, until(stopped.clone())));
         }
+        // Steps are recorded from the first: a supervising gateway (the Metrics RPC) or
+        // --metrics-port reads them.
+        tulip::metrics::install();
         // Ivy's tokenizer is parsed while the engine loads.
         let early = tokenizer.map(EarlyTokenizer::start);
         let scheduler = start_engine(engine, tulip).await?;
@@ -325,6 +328,7 @@ fn run_workers(
     forwarded: Vec<String>,
 ) -> Result<(), String> {
     a.ivy.keys = ApiKeys::load(&a.tulip.auth)?;
+    a.ivy.worker_metrics = true;
     runtime.block_on(async move {
         let stopped = stop_on_signal(watch::channel(false));
         // The workers stop after Ivy has drained: its admitted requests still need them.

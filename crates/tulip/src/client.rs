@@ -147,6 +147,16 @@ impl TulipClient {
         Ok(response.into_inner())
     }
 
+    /// The server process's Prometheus metrics, in the text format.
+    pub async fn metrics(&self) -> Result<String, TulipError> {
+        let message = proto::MetricsRequest {};
+        let response = match &self.transport {
+            Transport::Grpc(grpc) => grpc.raw.clone().metrics(grpc.request(message)).await?,
+            Transport::InProcess(service) => service.metrics(Request::new(message)).await?,
+        };
+        Ok(response.into_inner().text)
+    }
+
     /// True when the server answers SERVING on the standard health protocol (its engine runs).
     pub async fn health(&self) -> Result<bool, TulipError> {
         match &self.transport {

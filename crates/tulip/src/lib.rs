@@ -10,6 +10,7 @@ pub mod config;
 pub mod deadline;
 pub mod engine;
 pub mod error;
+pub mod metrics;
 pub mod outputs;
 pub mod packing;
 pub mod postprocess;

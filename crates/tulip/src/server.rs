@@ -321,6 +321,14 @@ impl Tulip for TulipService {
     ) -> Result<Response<proto::TokenizerResponse>, Status> {
         Ok(Response::new(self.scheduler.served().tokenization.clone()))
     }
+
+    async fn metrics(
+        &self,
+        _: Request<proto::MetricsRequest>,
+    ) -> Result<Response<proto::MetricsResponse>, Status> {
+        let text = crate::metrics::install().render();
+        Ok(Response::new(proto::MetricsResponse { text }))
+    }
 }
 
 /// A request's sequences for the scheduler.

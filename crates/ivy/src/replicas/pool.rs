@@ -364,6 +364,24 @@ impl Pool {
         });
         futures::future::join_all(live).await
     }
+
+    /// Each replica's Prometheus text, by its address, from those that answer within the health
+    /// timeout (one that is down is left out rather than holding up the scrape).
+    pub async fn metrics(&self) -> Vec<(String, String)> {
+        let members = self.members();
+        let texts = members.iter().map(|r| async move {
+            let text = tokio::time::timeout(self.watch.timeout, r.client.metrics()).await;
+            match text {
+                Ok(Ok(text)) => Some((r.url.clone(), text)),
+                _ => None,
+            }
+        });
+        futures::future::join_all(texts)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -104,8 +104,9 @@ async fn describe(gateway: &Gateway) -> Value {
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "Status",
     responses((status = 200, description = "The metrics", body = String, content_type = "text/plain")))]
 pub(super) async fn metrics(State(gateway): State<Gateway>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, crate::metrics::TEXT_FORMAT)],
-        gateway.metrics().render(),
-    )
+    let mut text = gateway.metrics().render();
+    if gateway.args().worker_metrics {
+        text = crate::metrics::merge(&text, &gateway.pool().metrics().await);
+    }
+    ([(header::CONTENT_TYPE, crate::metrics::TEXT_FORMAT)], text)
 }
