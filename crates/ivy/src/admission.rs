@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 /// The shortest span a drain-rate sample covers: shorter ones are dominated by one step's jitter.
 const WINDOW: Duration = Duration::from_secs(1);
-/// The weight of a new sample in the running estimate.
+/// The weight of a new sample slower than the running estimate (a faster one replaces it).
 const NEW_SAMPLE_WEIGHT: f64 = 0.3;
 
 /// Tokens answered per second while the queue was busy, as a running estimate.
@@ -46,9 +46,12 @@ impl DrainRate {
         }
         if busy {
             let sample = state.tokens as f64 / elapsed.as_secs_f64();
+            // A rate the server has shown it can do is taken at once: a slow window is mostly
+            // transient (the first steps' kernel compiles and graph captures), and an estimate
+            // held low by it would refuse requests that the server can answer in time.
             state.per_second = Some(match state.per_second {
-                Some(rate) => rate + NEW_SAMPLE_WEIGHT * (sample - rate),
-                None => sample,
+                Some(rate) if sample < rate => rate + NEW_SAMPLE_WEIGHT * (sample - rate),
+                _ => sample,
             });
         }
         state.since = now;
@@ -99,14 +102,24 @@ mod tests {
     }
 
     #[test]
-    fn new_samples_move_the_estimate_part_of_the_way() {
+    fn slower_samples_move_the_estimate_part_of_the_way() {
         let start = Instant::now();
         let rate = DrainRate::new(start);
-        rate.finished(1000, true, at(start, 1000));
-        rate.finished(2000, true, at(start, 2000));
-        // 1,000 + 0.3 * (2,000 - 1,000) = 1,300 tokens/s.
-        let wait = rate.wait(1300).unwrap().as_secs_f64();
+        rate.finished(2000, true, at(start, 1000));
+        rate.finished(1000, true, at(start, 2000));
+        // 2,000 + 0.3 * (1,000 - 2,000) = 1,700 tokens/s.
+        let wait = rate.wait(1700).unwrap().as_secs_f64();
         assert!((wait - 1.0).abs() < 1e-9, "{wait}");
+    }
+
+    #[test]
+    fn a_faster_sample_replaces_a_slow_start() {
+        let start = Instant::now();
+        let rate = DrainRate::new(start);
+        // The first window spent on compiling kernels: 100 tokens/s.
+        rate.finished(100, true, at(start, 1000));
+        rate.finished(5000, true, at(start, 2000));
+        assert_eq!(rate.wait(5000), Some(Duration::from_secs(1)));
     }
 
     #[test]
