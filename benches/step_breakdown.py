@@ -85,10 +85,13 @@ def measured_peaks() -> dict[str, float]:
     }
 
 
-def floors(config: dict, steps: list[list[list[int]]], peaks: dict[str, float], fp8_matmuls: bool) -> dict[str, float]:
+def floors(
+    config: dict, steps: list[list[list[int]]], peaks: dict[str, float], fp8_matmuls: bool, fused_swiglu: bool
+) -> dict[str, float]:  # fmt: skip
     """Milliseconds a step each part needs at least: matmul and attention FLOPs at the GEMM peak;
-    the elementwise kernels' bytes (norms with their residual adds, the activation, RoPE; 2-byte
-    values read and written once each) at the copy bandwidth."""
+    the elementwise kernels' bytes (norms with their residual adds, the activation unless the
+    gate/up product applies it (`fused_swiglu`), RoPE; 2-byte values read and written once each)
+    at the copy bandwidth."""
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or hidden // heads
@@ -100,7 +103,8 @@ def floors(config: dict, steps: list[list[list[int]]], peaks: dict[str, float], 
     squares = sum(len(s) ** 2 for step in steps for s in step) / len(steps)
     causal = 0.5 if gated else 1.0
     peak = (peaks["fp8_tflops"] if fp8_matmuls else peaks["bf16_tflops"]) * 1e12
-    elementwise = tokens * layers * (2 * hidden * 8 + (6 if gated else 4) * inter + (heads + kv) * head_dim * 4)
+    activation = 0 if gated and fused_swiglu else (6 if gated else 4) * inter
+    elementwise = tokens * layers * (2 * hidden * 8 + activation + (heads + kv) * head_dim * 4)
     return {
         "matrix products": 2 * tokens * params * layers / peak * 1e3,
         "attention": 4 * squares * heads * head_dim * layers * causal / (peaks["bf16_tflops"] * 1e12) * 1e3,
@@ -152,7 +156,7 @@ def main() -> None:
         if event.self_device_time_total > 0:  # kernels and copies; the host's API calls have none
             total = event.self_device_time_total / 1e3 / len(steps)
             kernel_ms[group(event.key)] = kernel_ms.get(group(event.key), 0.0) + total
-    floor = floors(config, steps, peaks, args.dtype == "fp8")
+    floor = floors(config, steps, peaks, args.dtype == "fp8", engine.swiglu.state == "ready")
     busy = sum(kernel_ms.values())
     rows = dict(sorted(kernel_ms.items(), key=lambda kv: -kv[1]))
     rows["host gaps (eager)"] = max(0.0, timed["off"] - busy)
