@@ -10,9 +10,16 @@
 # freshly installed headers. Its built modules are loaded without ninja from its AOT folder.
 set -u
 source .gpu/env.sh
-# The carried wheels' folder: the first entry env.sh puts on PYTHONPATH. quack's compile cache
-# needs "site-packages" in that path (.gpu/install.sh installs into /tmp/gpu/site-packages).
+# The carried wheels' folder: the first entry env.sh puts on PYTHONPATH. quack's compile-cache
+# keyer treats only code under a "site-packages" path as installed; elsewhere it hashes the
+# DSL's own globals, meets a ContextVar and refuses to compile. So the folder is reached
+# through a link of that name.
 site=${PYTHONPATH%%:*}
+case $site in
+  */site-packages) ;;
+  *) mkdir -p /tmp/gpu && ln -sfn "$site" /tmp/gpu/site-packages
+     PYTHONPATH=${PYTHONPATH//$site//tmp/gpu/site-packages}; site=/tmp/gpu/site-packages ;;
+esac
 aot=$site/flashinfer/data/aot
 caches=("${HOME#/}/.triton/cache" "${HOME#/}/.cache/rose")
 if [ ! -e /tmp/.caches-restored ]; then
@@ -22,6 +29,10 @@ if [ ! -e /tmp/.caches-restored ]; then
   touch /tmp/.caches-restored
 fi
 python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/ivy dist/*.whl 2>&1 | grep -v WARNING
+# An earlier build carried in dist/before/ (for before/after in one start: peers.py --ivy-from).
+for wheel in dist/before/*.whl; do
+  [ -e "$wheel" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/ivy-before "$wheel" 2>&1 | grep -v WARNING
+done
 export PYTHONPATH=/tmp/ivy:$PYTHONPATH PATH=/tmp/ivy/bin:$PATH PYTHONWARNINGS=ignore PYTHONFAULTHANDLER=1
 # The lent machine sets PYTHONDONTWRITEBYTECODE and its packages carry no bytecode, so every
 # process would compile torch's and FlashInfer's Python again (+1.6 s to import torch alone). A

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import statistics
@@ -36,6 +37,10 @@ from support import free_port  # noqa: E402
 
 VOCAB = 30522
 """Token ids stay under the carried tokenizer's vocabulary (vLLM rejects larger ones)."""
+
+
+WARM_LIMIT = 300
+"""Seconds a side may refuse its warm-up batches with 429 before it is dropped."""
 
 
 class Side:
@@ -73,14 +78,16 @@ class Side:
 
 def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency: int, warm: bool = False) -> float:
     """Tokens/s of the documents sent as client batches of `client_batch`, `concurrency` in flight.
-    `warm`: a 429 is retried after its Retry-After (a fresh machine's first steps compile kernels
-    for a minute or more, and admission refuses what it cannot drain meanwhile)."""
+    `warm`: a 429 is retried after its Retry-After for up to WARM_LIMIT seconds (a fresh machine's
+    first steps compile kernels for a minute or more, and admission refuses what it cannot drain
+    meanwhile); a side that still refuses then fails instead of holding up the others."""
     batches = [docs[i : i + client_batch] for i in range(0, len(docs), client_batch)]
     sessions = [requests.Session() for _ in range(concurrency)]
+    deadline = time.perf_counter() + WARM_LIMIT
 
     def send(i: int) -> None:
         response = side.embed(batches[i], sessions[i % concurrency])
-        while warm and response.status_code == 429:
+        while warm and response.status_code == 429 and time.perf_counter() < deadline:
             time.sleep(float(response.headers.get("retry-after", 1)))
             response = side.embed(batches[i], sessions[i % concurrency])
         response.raise_for_status()
@@ -111,11 +118,25 @@ def query_latency(side: Side, count: int, rate: float) -> dict[str, float]:
     return {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
 
 
-def ivy_side(name: str, extra: str, model: Path, out: Path) -> Side:
+def ivy_side(name: str, extra: str, model: Path, out: Path, home: Path | None = None) -> Side:
+    """ivy-serve with `extra` flags; from the wheel installed in `home` (pip --target) if given."""
     port = free_port()
-    command = ["ivy-serve", "--model", str(model), "--hostname", "127.0.0.1", "--port", str(port),
-               "--grpc-port", str(free_port()), *shlex.split(extra)]  # fmt: skip
-    return Side(f"ivy {name}", command, port, out / f"ivy-{name}.log", timeout=300)
+    serve = ["ivy-serve", "--model", str(model), "--hostname", "127.0.0.1", "--port", str(port),
+             "--grpc-port", str(free_port()), *shlex.split(extra)]  # fmt: skip
+    if home is not None:
+        path = os.pathsep.join(filter(None, [str(home), os.environ.get("PYTHONPATH")]))
+        serve = ["env", f"PYTHONPATH={path}", str(home / "bin" / "ivy-serve"), *serve[1:]]
+    return Side(f"ivy {name}", serve, port, out / f"ivy-{name}.log", timeout=300)
+
+
+def wait_for_imports(side: Side, limit: float = 300) -> None:
+    """Until the engine has imported the attention libraries it left for later (FlashInfer
+    compiles its modules on a fresh machine), so that no round runs on the stand-in backend."""
+    began = time.perf_counter()
+    while (requests.get(f"{side.url}/info", timeout=30).json().get("engine") or {}).get("attention_importing"):
+        if time.perf_counter() - began > limit:
+            raise RuntimeError(f"{side.name} still imports its attention libraries after {limit} s")
+        time.sleep(1)
 
 
 def vllm_folder(model: Path, out: Path) -> Path:
@@ -215,6 +236,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--ivy", action="append", default=[], help="NAME=FLAGS: an ivy-serve side (repeatable)")
+    parser.add_argument(
+        "--ivy-from",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="run the ivy side NAME from the wheel installed in DIR (an earlier build)",
+    )
     parser.add_argument("--vllm-env", type=Path, help="env-vllm.sh; without it, no vLLM sides")
     parser.add_argument("--vllm-memory", type=float, default=0.35, help="vLLM's --gpu-memory-utilization")
     parser.add_argument("--vllm-arg", default="", help="extra `vllm serve` flags")
@@ -234,16 +262,23 @@ def main() -> None:
 
     sides: list[Side] = []
     try:
+        homes = {name: Path(home) for name, _, home in (spec.partition("=") for spec in args.ivy_from)}
         for spec in args.ivy or ["bf16="]:
             name, _, flags = spec.partition("=")
-            sides.append(ivy_side(name, flags, args.model, args.out))
+            sides.append(ivy_side(name, flags, args.model, args.out, homes.get(name)))
         if args.vllm_env:
             sides.append(vllm_side(args.vllm_env, vllm_folder(args.model, args.out), args.vllm_memory, args.vllm_arg,
                                    args.out))  # fmt: skip
-        for side in sides:  # warm: every bucket's eager run and capture, vLLM's compile
-            batch_rate(side, docs, args.client_batch, args.concurrency, warm=True)
-            if side.name.startswith("ivy"):
-                settle(side.url, lambda side=side: batch_rate(side, docs, args.client_batch, args.concurrency))
+        for side in list(sides):  # warm: every bucket's eager run and capture, vLLM's compile
+            try:
+                batch_rate(side, docs, args.client_batch, args.concurrency, warm=True)
+                if side.name.startswith("ivy"):
+                    wait_for_imports(side)
+                    settle(side.url, lambda side=side: batch_rate(side, docs, args.client_batch, args.concurrency))
+            except (requests.RequestException, RuntimeError) as why:  # the others are still measured
+                print(f"{side.name} dropped: it failed its warm-up: {why}", flush=True)
+                side.stop()
+                sides.remove(side)
         rates: dict[str, list[float]] = {s.name: [] for s in sides}
         for _ in range(args.rounds):  # alternating, so that drift falls on every side alike
             for side in sides:

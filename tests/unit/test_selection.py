@@ -77,6 +77,7 @@ class Paths:
 
     attention = None
     smallest_bucket = None
+    state_scores = None
 
     def __init__(self, good_after: int, paths: int) -> None:
         self.fallbacks, self.good_after, self.paths = 0, good_after, paths
@@ -120,3 +121,22 @@ def test_without_checks_nothing_is_measured() -> None:
     startup = Startup(engine, checks=False, defer=True)
     startup.check([], lambda: pytest.fail("no reference without checks"))
     assert startup.fidelity is None and not startup.pending
+
+
+def test_a_score_model_is_checked_on_its_scores_as_well_as_its_states() -> None:
+    fixed = fidelity.sequences(1000, 512)
+    states = np.random.default_rng(0).standard_normal((len(fixed), 64))
+    # The same states, nudged along the head's direction: cosine 0.9999+, yet the scores move.
+    head = np.zeros(64)
+    head[0] = 1.0
+    rows = {len(s): i for i, s in enumerate(fixed)}
+    for shift, passed in ((0.005, True), (0.05, False)):
+        served = states + shift * head
+        run = lambda batch, served=served: served[[rows[len(s)] for s in batch]]  # noqa: E731
+        verdict = fidelity.measure(run, "path", fixed, states, ("long",), None, scores=lambda s: s @ head)
+        assert verdict.worst_cosine > 0.9999
+        assert verdict.worst_score_error == pytest.approx(shift) and verdict.passed == passed
+        assert verdict.report()["score_bound"] == fidelity.SCORE_BOUND
+    embedder = fidelity.measure(lambda batch: states[[rows[len(s)] for s in batch]], "path", fixed, states,
+                                ("long",), None)  # fmt: skip
+    assert embedder.worst_score_error is None and "worst_score_error" not in embedder.report()

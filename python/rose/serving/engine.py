@@ -354,7 +354,7 @@ class Engine:
         if verdict is not None and not verdict.passed:
             self.model.fused_swiglu = None
             self.gpu.forget_graphs(FUSED_SWIGLU_MIN_TOKENS)
-            self.swiglu.reject(f"worst cosine {verdict.worst_cosine:.6f} against float32 on large steps")
+            self.swiglu.reject(f"{verdict.describe()} against float32 on large steps")
 
     def _key_sharing_attention(self) -> AttentionBackend | None:
         """The engine's backend that attends to gathered keys (auto's FlashInfer one), if any."""
@@ -425,6 +425,22 @@ class Engine:
         """Pooled float32 states [len(sequences), hidden] of one batch (a score model's before
         its head): what the fidelity check compares."""
         return self.embed_batches([sequences], states=True)
+
+    @property
+    def state_scores(self) -> fidelity.Scores | None:
+        """A score model's probabilities from pooled states, through its head as its steps apply
+        it, then sigmoid (one label, as /rerank reports it) or softmax (several, as /predict): the
+        check compares these, not only the states. None for an embedder."""
+        if self.scoring is None:
+            return None
+        head = self.scoring.head
+
+        def scores(states: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                logits = head(torch.from_numpy(states).to(self.device)).float()
+                return (logits.sigmoid() if logits.shape[1] == 1 else logits.softmax(dim=1)).cpu().numpy()
+
+        return scores
 
     def reference(self, sequences: list[list[int]], weights: dict[str, torch.Tensor] | None = None) -> np.ndarray:
         """Pooled vectors of `sequences` from the model in float32 with eager SDPA attention, the

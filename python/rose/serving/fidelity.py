@@ -38,11 +38,19 @@ attention backend takes up to 64 tokens) with the longest of them alone, and all
 THRESHOLD = 0.999
 """The worst cosine against the reference that a path may have and be served (divergence within 0.1%)."""
 
+SCORE_BOUND = 1e-2
+"""A score model's largest difference from the reference's scores (probabilities, as served) that
+a path may have and be served: its pooled states can pass the cosine bound while its head turns
+their error into a different ranking."""
+
 SHORT_TOKENS = 64
 """The "short" tier's batch: the first sequences that fit in this many tokens together."""
 
 Run = Callable[[list[list[int]]], np.ndarray]
 """The serving path: token-id sequences (one batch) to pooled float32 vectors."""
+
+Scores = Callable[[np.ndarray], np.ndarray]
+"""A score model's head: pooled float32 states to its scores (probabilities), as served."""
 
 
 def sequences(vocab: int, max_length: int) -> list[list[int]]:
@@ -81,16 +89,27 @@ class Verdict:
     tiers: list[str]
     fallbacks: list[dict] = field(default_factory=list)
     reference: str = "computed"
+    worst_score_error: float | None = None
+    """A score model's largest score difference from the reference (None for embedders)."""
 
     @property
     def passed(self) -> bool:
-        return self.worst_cosine >= self.threshold
+        scores_hold = self.worst_score_error is None or self.worst_score_error <= SCORE_BOUND
+        return self.worst_cosine >= self.threshold and scores_hold
+
+    def describe(self) -> str:
+        """The worst figures, for the log."""
+        scores = "" if self.worst_score_error is None else f", worst score error {self.worst_score_error:.4f}"
+        return f"worst cosine {self.worst_cosine:.6f}{scores}"
 
     def report(self) -> dict:
         """For /info."""
+        scores = {} if self.worst_score_error is None else {"worst_score_error": self.worst_score_error,
+                                                           "score_bound": SCORE_BOUND}  # fmt: skip
         return {
             "worst_cosine": self.worst_cosine,
             "threshold": self.threshold,
+            **scores,
             "path": self.path,
             "sequences": self.sequences,
             "tiers": self.tiers,
@@ -107,15 +126,21 @@ def measure(
     tiers: tuple[str, ...],
     smallest_bucket: int | None,
     threshold: float = THRESHOLD,
+    scores: Scores | None = None,
 ) -> Verdict:
     """Runs `run` on the batches of `tiers` made of the `fixed` sequences, three times each (with
     lazy graphs: a bucket's eager run, its capture, a replay, so that single queries' graphs are
-    captured before the first query comes), against the reference's `expected` vectors."""
+    captured before the first query comes), against the reference's `expected` vectors; with a
+    score model's head (`scores`), its scores against the reference's too."""
     lengths = [len(s) for s in fixed]
     slices = [s for tier in tiers for s in tier_batches(lengths, tier, smallest_bucket)]
-    worst = min(float(cosines(run(fixed[s]), expected[s]).min()) for _ in range(3) for s in slices)
+    served = [(run(fixed[s]), expected[s]) for _ in range(3) for s in slices]
+    worst = min(float(cosines(got, want).min()) for got, want in served)
     checked = len({i for s in slices for i in range(len(fixed))[s]})
-    return Verdict(path, worst, threshold, checked, list(tiers))
+    verdict = Verdict(path, worst, threshold, checked, list(tiers))
+    if scores is not None:
+        verdict.worst_score_error = max(float(np.abs(scores(got) - scores(want)).max()) for got, want in served)
+    return verdict
 
 
 def reference(model: Any, pooling: str, device: torch.device, fixed: list[list[int]]) -> np.ndarray:

@@ -40,6 +40,9 @@ class Checked(Protocol):
 
     def pooled_states(self, sequences: Sequence[Sequence[int]]) -> np.ndarray: ...
 
+    @property
+    def state_scores(self) -> fidelity.Scores | None: ...
+
     def use_attention(self, name: str, defer: bool = False) -> None: ...
 
     def fall_back(self) -> bool: ...
@@ -133,9 +136,9 @@ class Startup:
         fixed, vectors = self._expected
         copies = -(-min_tokens // sum(map(len, fixed)))
         verdict = fidelity.measure(self._engine.pooled_states, path, fixed * copies, np.tile(vectors, (copies, 1)),
-                                   ("long",), None, self.threshold)  # fmt: skip
+                                   ("long",), None, self.threshold, self._engine.state_scores)  # fmt: skip
         self.fidelity["large_batches"] = verdict.report()
-        log.info("fidelity check of %s: worst cosine %.6f", path, verdict.worst_cosine)
+        log.info("fidelity check of %s: %s", path, verdict.describe())
         return verdict
 
     def check_tiers(self, tiers: tuple[str, ...]) -> fidelity.Verdict:
@@ -145,23 +148,19 @@ class Startup:
         engine, (fixed, vectors) = self._engine, self._expected
         fallbacks = []
         while True:
-            verdict = fidelity.measure(
-                engine.pooled_states, engine.path, fixed, vectors, tiers, engine.smallest_bucket, self.threshold
-            )
+            verdict = fidelity.measure(engine.pooled_states, engine.path, fixed, vectors, tiers,
+                                       engine.smallest_bucket, self.threshold, engine.state_scores)  # fmt: skip
             if verdict.passed:
                 break
-            log.warning(
-                "the path %s diverges from float32 (worst cosine %.6f); not serving it",
-                verdict.path,
-                verdict.worst_cosine,
-            )
-            fallbacks.append({"path": verdict.path, "worst_cosine": verdict.worst_cosine})
+            log.warning("the path %s diverges from float32 (%s); not serving it", verdict.path, verdict.describe())
+            kept = ("path", "worst_cosine", "worst_score_error")
+            fallbacks.append({key: value for key, value in verdict.report().items() if key in kept})
             if not engine.fall_back():
                 break
         verdict.fallbacks = fallbacks
         log.info(
-            "fidelity check: worst cosine %.6f against float32 over %d sequences (%s)",
-            verdict.worst_cosine,
+            "fidelity check: %s against float32 over %d sequences (%s)",
+            verdict.describe(),
             verdict.sequences,
             verdict.path,
         )
