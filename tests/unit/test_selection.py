@@ -78,6 +78,7 @@ class Paths:
     attention = None
     smallest_bucket = None
     state_scores = None
+    fp8 = False
 
     def __init__(self, good_after: int, paths: int) -> None:
         self.fallbacks, self.good_after, self.paths = 0, good_after, paths
@@ -86,6 +87,10 @@ class Paths:
     @property
     def path(self) -> str:
         return f"path {self.fallbacks}"
+
+    @property
+    def serves_fp8(self) -> bool:  # the first fallback turns FP8 off, as the engine's does
+        return self.fp8 and self.fallbacks == 0
 
     def pooled_states(self, sequences: list[list[int]]) -> np.ndarray:
         rows = [fidelity.LENGTHS.index(len(s)) for s in sequences]
@@ -140,3 +145,18 @@ def test_a_score_model_is_checked_on_its_scores_as_well_as_its_states() -> None:
     embedder = fidelity.measure(lambda batch: states[[rows[len(s)] for s in batch]], "path", fixed, states,
                                 ("long",), None)  # fmt: skip
     assert embedder.worst_score_error is None and "worst_score_error" not in embedder.report()
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_scores_off_by_16_bit_rounding_are_reported_and_only_fp8_falls_back_for_them(fp8: bool) -> None:
+    engine = Paths(0, 3)
+    engine.fp8 = fp8
+    head = np.zeros(8)
+    head[0] = 1.0
+    engine.state_scores = lambda states: states @ head
+    fixed = fidelity.sequences(1000, 512)
+    startup = Startup(engine, checks=True, defer=False)
+    startup.check(fixed, lambda: (engine.vectors + 0.05 * head, "computed"))  # the states hold, the scores are 0.05 off
+    report = startup.fidelity
+    assert report["worst_cosine"] >= fidelity.THRESHOLD and report["worst_score_error"] == pytest.approx(0.05)
+    assert [f["path"] for f in report["fallbacks"]] == (["path 0"] if fp8 else [])  # FP8 off, nothing more

@@ -194,10 +194,15 @@ class Engine:
         if self.gpu is not None:
             self.gpu.use_attention(self.attention)
 
+    @property
+    def serves_fp8(self) -> bool:
+        """Whether the matmuls run in FP8 (the first thing fall_back gives up)."""
+        return bool(self._fp8) and self.matmul_dtype != self.dtype
+
     def fall_back(self) -> bool:
         """A plainer path after a failed fidelity check: 16-bit matmuls instead of FP8, graphs
         off, then torch's attention; False when none is left."""
-        if self._fp8 and self.matmul_dtype != self.dtype:
+        if self.serves_fp8:
             for layer in self._fp8:
                 layer.enabled = False
             self.matmul_dtype = self.dtype

@@ -43,6 +43,9 @@ class Checked(Protocol):
     @property
     def state_scores(self) -> fidelity.Scores | None: ...
 
+    @property
+    def serves_fp8(self) -> bool: ...
+
     def use_attention(self, name: str, defer: bool = False) -> None: ...
 
     def fall_back(self) -> bool: ...
@@ -151,6 +154,11 @@ class Startup:
             verdict = fidelity.measure(engine.pooled_states, engine.path, fixed, vectors, tiers,
                                        engine.smallest_bucket, self.threshold, engine.state_scores)  # fmt: skip
             if verdict.passed:
+                break
+            if verdict.worst_cosine >= self.threshold and not engine.serves_fp8:
+                # Only a score model's scores miss, from 16-bit rounding that no plainer path
+                # (graphs off, torch's attention) changes: served as it is, and said.
+                log.warning("the path %s keeps the states but not the scores (%s)", verdict.path, verdict.describe())
                 break
             log.warning("the path %s diverges from float32 (%s); not serving it", verdict.path, verdict.describe())
             kept = ("path", "worst_cosine", "worst_score_error")
