@@ -60,3 +60,18 @@ def test_fp8_that_fails_the_check_falls_back_to_16_bit_matmuls() -> None:
     texts = varied_texts(8)
     reference = encode(rose.Engine(device="cpu", dtype="float32"), texts)
     np.testing.assert_allclose(encode(engine, texts), reference, atol=1e-5)
+
+
+def test_a_rerankers_fp8_is_judged_on_its_scores_too(tmp_path: Path) -> None:
+    # Under e4m3 the ModernBERT kind's scores (probabilities, as /rerank reports them) move by 0.6
+    # (its states to cosine 0.996): refused, with both on record. The BERT kind's hold: served.
+    from support import save_cross_encoder
+
+    refused = rose.Engine(save_cross_encoder(tmp_path / "modernbert", "modernbert"), device="cpu", dtype="fp8")
+    report = refused.fidelity
+    assert report is not None and refused.dtype_name == "float32"
+    assert report["fallbacks"][0]["worst_score_error"] > fidelity.SCORE_BOUND
+    served = rose.Engine(save_cross_encoder(tmp_path / "bert", "bert"), device="cpu", dtype="fp8")
+    report = served.fidelity
+    assert report is not None and served.dtype_name.startswith("fp8") and not report["fallbacks"]
+    assert 0 < report["worst_score_error"] <= report["score_bound"] == fidelity.SCORE_BOUND
