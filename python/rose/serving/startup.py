@@ -155,7 +155,7 @@ class Startup:
                                        engine.smallest_bucket, self.threshold, engine.state_scores)  # fmt: skip
             if verdict.passed:
                 break
-            if verdict.worst_cosine >= self.threshold and not engine.serves_fp8:
+            if verdict.states_hold and not engine.serves_fp8:
                 # Only a score model's scores miss, from 16-bit rounding that no plainer path
                 # (graphs off, torch's attention) changes: served as it is, and said.
                 log.warning("the path %s keeps the states but not the scores (%s)", verdict.path, verdict.describe())
