@@ -42,10 +42,6 @@ def tokens_per_second(engine: rose.Engine, batches: list[list[list[int]]]) -> fl
     return tokens / (time.perf_counter() - began)
 
 
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-logits))
-
-
 def packed(docs: list[list[int]], budget: int) -> list[list[list[int]]]:
     """The documents in steps of up to `budget` tokens, in order (as Tulip packs them)."""
     out, step, used = [], [], 0
@@ -119,7 +115,6 @@ def main() -> None:
 
     reference = rose.Engine(folder, device=args.device, dtype="float32", attention_backend="sdpa", verify=False)
     expected_states = reference.embed_batches(packed(held_out, 16384), states=True)
-    expected_rows = reference.embed_batches(packed(held_out, 16384))
     del reference
     torch.cuda.empty_cache()
     engines = {"bf16": rose.Engine(folder, device=args.device, dtype="bfloat16"),
@@ -138,11 +133,8 @@ def main() -> None:
         row = {"side": name, "tokens_s": round(statistics.median(rates[name])),
                "runs": [round(r) for r in rates[name]], "held_out_worst_cosine": round(float(cos.min()), 6),
                "held_out_median_cosine": round(float(np.median(cos)), 6)}  # fmt: skip
-        if engine.scoring is not None:  # probabilities, as /rerank reports them
-            scores, expected = (
-                sigmoid(engine.embed_batches(packed(held_out, 16384))[:, 0]),
-                sigmoid(expected_rows[:, 0]),
-            )
+        if engine.state_scores is not None:  # the head on the states: probabilities, as /rerank reports them
+            scores, expected = engine.state_scores(states)[:, 0], engine.state_scores(expected_states)[:, 0]
             row["score_max_abs_diff"] = round(float(np.abs(scores - expected).max()), 5)
             order, want = np.argsort(-scores), np.argsort(-expected)
             ties = np.abs(expected[order] - expected[want]) <= fidelity.SCORE_BOUND

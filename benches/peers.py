@@ -129,16 +129,6 @@ def ivy_side(name: str, extra: str, model: Path, out: Path, home: Path | None = 
     return Side(f"ivy {name}", serve, port, out / f"ivy-{name}.log", timeout=300)
 
 
-def wait_for_imports(side: Side, limit: float = 300) -> None:
-    """Until the engine has imported the attention libraries it left for later (FlashInfer
-    compiles its modules on a fresh machine), so that no round runs on the stand-in backend."""
-    began = time.perf_counter()
-    while (requests.get(f"{side.url}/info", timeout=30).json().get("engine") or {}).get("attention_importing"):
-        if time.perf_counter() - began > limit:
-            raise RuntimeError(f"{side.name} still imports its attention libraries after {limit} s")
-        time.sleep(1)
-
-
 def vllm_folder(model: Path, out: Path) -> Path:
     """The folder as vLLM takes a Qwen3-Embedding model: its architecture named as published
     (Qwen3ForCausalLM) and a tokenizer_config.json; the weights linked, not copied."""
@@ -272,8 +262,7 @@ def main() -> None:
         for side in list(sides):  # warm: every bucket's eager run and capture, vLLM's compile
             try:
                 batch_rate(side, docs, args.client_batch, args.concurrency, warm=True)
-                if side.name.startswith("ivy"):
-                    wait_for_imports(side)
+                if side.name.startswith("ivy"):  # its first long batch waited for the deferred imports
                     settle(side.url, lambda side=side: batch_rate(side, docs, args.client_batch, args.concurrency))
             except (requests.RequestException, RuntimeError) as why:  # the others are still measured
                 print(f"{side.name} dropped: it failed its warm-up: {why}", flush=True)
