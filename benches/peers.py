@@ -88,7 +88,7 @@ def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency
     def send(i: int) -> None:
         response = side.embed(batches[i], sessions[i % concurrency])
         while warm and response.status_code == 429 and time.perf_counter() < deadline:
-            time.sleep(float(response.headers.get("retry-after", 1)))
+            time.sleep(min(float(response.headers.get("retry-after", 1)), max(0.0, deadline - time.perf_counter())))
             response = side.embed(batches[i], sessions[i % concurrency])
         response.raise_for_status()
         assert len(response.json()["data"]) == len(batches[i])

@@ -10,6 +10,8 @@ use serde::Serialize;
 use tonic::Code;
 use tulip::{AuthFailure, TulipError};
 
+use crate::admission::MAX_RETRY_AFTER;
+
 /// Everything a request can fail with, as the client sees it.
 #[derive(Debug, thiserror::Error)]
 pub enum IvyError {
@@ -121,9 +123,10 @@ impl IntoResponse for IvyError {
             IvyError::RateLimited(wait) => {
                 headers.insert(RETRY_AFTER, HeaderValue::from(retry_after(wait)));
             }
-            // When enough of the queue has drained for a request to wait no longer than allowed.
+            // When enough of the queue has drained for a request to wait no longer than allowed,
+            // by the estimate, which may be wrong: at most MAX_RETRY_AFTER.
             IvyError::Backlogged { wait, longest } => {
-                let drained = wait.saturating_sub(longest);
+                let drained = wait.saturating_sub(longest).min(MAX_RETRY_AFTER);
                 headers.insert(RETRY_AFTER, HeaderValue::from(retry_after(drained)));
             }
             IvyError::Unauthorized(_) => {
@@ -185,6 +188,12 @@ mod tests {
         let backlogged = backlogged.into_response();
         assert_eq!(backlogged.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(backlogged.headers()[RETRY_AFTER], "3");
+        // An estimate held low by a slow start says minutes: the client comes back sooner.
+        let far = IvyError::Backlogged {
+            wait: Duration::from_secs(3600),
+            longest: Duration::from_secs(300),
+        };
+        assert_eq!(far.into_response().headers()[RETRY_AFTER], "5");
         let refused = IvyError::Unauthorized(AuthFailure::Wrong).into_response();
         assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(refused.headers()[WWW_AUTHENTICATE], "Bearer");

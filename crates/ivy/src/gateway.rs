@@ -71,6 +71,7 @@ struct Served {
 pub struct Admission {
     permit: OwnedSemaphorePermit,
     tokens: usize,
+    admitted: Instant,
     drain: Arc<DrainRate>,
     budget: usize,
 }
@@ -79,7 +80,7 @@ impl Drop for Admission {
     fn drop(&mut self) {
         let queue = self.permit.semaphore();
         let others = self.budget - queue.available_permits() - self.permit.num_permits();
-        self.drain.finished(self.tokens, others > 0, Instant::now());
+        (self.drain).finished(self.tokens, others > 0, self.admitted, Instant::now());
     }
 }
 
@@ -349,6 +350,7 @@ impl Gateway {
         Admission {
             permit,
             tokens,
+            admitted: Instant::now(),
             drain: self.served().drain.clone(),
             budget: self.args().max_queued_tokens,
         }
