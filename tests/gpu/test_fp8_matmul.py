@@ -66,13 +66,18 @@ def test_fp8_reranking_is_served_only_where_the_scores_hold(family: str, tmp_pat
     engine = rose.Engine(folder, device="cuda", dtype="fp8")
     report = engine.fidelity
     assert report is not None and report["score_bound"] == fidelity.SCORE_BOUND
-    if report["fallbacks"]:  # FP8's scores (or states) diverged: on record, and served in bf16
+    got = probability(engine.embed_ids(pairs))
+    if report["fallbacks"]:
+        # FP8's scores (or states) diverged: on record, and served as plain bf16 serves them (how
+        # far bf16 itself is from float32 is test_scoring's, on real rerankers: a random-weight
+        # cross-encoder's bf16 scores miss 1e-2 on random pairs, and the engine says so).
         first = report["fallbacks"][0]
         assert "fp8" in first["path"] and engine.dtype_name == "bfloat16"
         assert first["worst_score_error"] > fidelity.SCORE_BOUND or first["worst_cosine"] < fidelity.THRESHOLD
-    else:
-        assert engine.dtype_name.startswith("fp8")
-    got = probability(engine.embed_ids(pairs))
+        bf16 = probability(rose.Engine(folder, device="cuda", dtype="bfloat16").embed_ids(pairs))
+        assert np.abs(got - bf16).max() <= 2e-3
+        return
+    assert engine.dtype_name.startswith("fp8")
     assert np.abs(got - fp32).max() <= fidelity.SCORE_BOUND
     order, expected = np.argsort(-got), np.argsort(-fp32)
     swapped = order != expected
