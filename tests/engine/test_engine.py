@@ -12,7 +12,12 @@ import pytest
 
 import rose
 from rose.serving import fidelity
+from rose.serving.dtypes import cpu_has_bfloat16
 from support import cosines, encode, save_tiny_bert, transformers_pooled
+
+CHECKED = "mixed" if cpu_has_bfloat16() else "bfloat16"
+"""A 16-bit CPU path the start-up check runs over: `mixed` serves float32 on a CPU without
+bfloat16 instructions (nothing to check), plain bfloat16 still runs there, only slower."""
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +31,7 @@ def test_minilm_matches_sentence_transformers(engine: rose.Engine, texts: list[s
     assert sims.min() >= 0.9999, f"worst text: {texts[int(sims.argmin())]!r} at cosine {sims.min()}"
 
 
+@pytest.mark.skipif(not cpu_has_bfloat16(), reason="mixed serves float32 on a CPU without bfloat16 instructions")
 def test_mixed_dtype_stays_within_the_threshold(texts: list[str], reference: np.ndarray) -> None:
     vectors = encode(rose.Engine(device="cpu", dtype="mixed"), texts)
     assert cosines(vectors, reference).min() >= 0.9999
@@ -98,18 +104,18 @@ def test_an_xlm_roberta_embedder_matches_transformers(tmp_path: Path, pooling: s
     assert cosines(engine.embed_ids(sequences), expected).min() >= 0.9999
 
 
-def test_fidelity_check_passes_the_mixed_path_and_refuses_a_diverging_one() -> None:
-    engine = rose.Engine(device="cpu", dtype="mixed")
+def test_fidelity_check_passes_a_16_bit_path_and_refuses_a_diverging_one() -> None:
+    engine = rose.Engine(device="cpu", dtype=CHECKED)
     assert engine.fidelity["worst_cosine"] >= 0.999 and not engine.fidelity["fallbacks"]
     strict = engine.check_fidelity(threshold=1.01)
-    assert strict["fallbacks"] and strict["fallbacks"][0]["path"].startswith("sdpa, mixed")
+    assert strict["fallbacks"] and strict["fallbacks"][0]["path"].startswith(f"sdpa, {CHECKED}")
     assert strict["worst_cosine"] < strict["threshold"]
 
 
 def test_large_steps_are_checked_against_the_same_reference() -> None:
     # The check an engine runs when large steps change path (the fused SwiGLU): the fixed
     # sequences repeated into one batch, each copy against the reference's vectors.
-    engine = rose.Engine(device="cpu", dtype="mixed")
+    engine = rose.Engine(device="cpu", dtype=CHECKED)
     verdict = engine.startup.check_large(4096, "large")
     lengths = sum(min(n, engine.max_input_length) for n in fidelity.LENGTHS)
     copies = -(-4096 // lengths)
@@ -128,7 +134,7 @@ def test_the_fidelity_reference_is_kept_for_the_next_start_with_the_same_files(
     folder = save_tiny_bert(tmp_path / "bert", "mean")
 
     def start() -> rose.Engine:
-        return rose.Engine(folder, device="cpu", dtype="mixed")
+        return rose.Engine(folder, device="cpu", dtype=CHECKED)
 
     first, second = start(), start()
     assert (first.fidelity["reference"], second.fidelity["reference"]) == ("computed", "stored")

@@ -143,7 +143,8 @@ class Engine:
             self.gpu = CudaSteps(self.device, self.max_batch_tokens, self.max_batch_requests, cuda_graphs,
                                  max_cuda_graphs, self.attention)  # fmt: skip
         marks.append(time.perf_counter())
-        checks = verify and (on_gpu or self.matmul_dtype != self.dtype)
+        # Anything but float32 throughout differs from the reference: checked on every device.
+        checks = verify and (on_gpu or self.dtype != torch.float32 or self.matmul_dtype != torch.float32)
         self.startup = Startup(self, checks, defer_attention)
         if triton_key is not None:
             wait([triton_key])
