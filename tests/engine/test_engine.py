@@ -112,6 +112,14 @@ def test_fidelity_check_passes_a_16_bit_path_and_refuses_a_diverging_one() -> No
     assert strict["worst_cosine"] < strict["threshold"]
 
 
+def test_a_cpu_engine_is_checked_unless_it_is_float32_throughout(tmp_path: Path) -> None:
+    folder = save_tiny_bert(tmp_path / "bert", "mean")
+    assert rose.Engine(folder, device="cpu").fidelity is None  # the reference's own arithmetic
+    report = rose.Engine(folder, device="cpu", dtype="bfloat16").fidelity
+    assert report is not None and report["path"].startswith("sdpa, bfloat16")
+    assert report["worst_cosine"] >= fidelity.THRESHOLD and not report["fallbacks"]
+
+
 def test_large_steps_are_checked_against_the_same_reference() -> None:
     # The check an engine runs when large steps change path (the fused SwiGLU): the fixed
     # sequences repeated into one batch, each copy against the reference's vectors.
