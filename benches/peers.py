@@ -103,23 +103,35 @@ def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency
     return sum(map(len, docs)) / (time.perf_counter() - began)
 
 
-def query_latency(side: Side, count: int, rate: float) -> dict[str, float]:
-    """p50/p99 milliseconds of one 16-token query at a time, sent at `rate` a second (open loop)."""
+def query_times(side: Side, count: int, rate: float, first: int = 0) -> list[float]:
+    """Milliseconds of `count` 16-token queries, one at a time, sent at `rate` a second (open
+    loop); `first` varies the ids from one slice to the next."""
     session_pool = [requests.Session() for _ in range(8)]
     times: list[float] = []
 
     def send(i: int) -> None:
         began = time.perf_counter()
         side.embed([[1000 + (i * 7 + j) % 20000 for j in range(16)]], session_pool[i % 8]).raise_for_status()
-        times.append(time.perf_counter() - began)
+        times.append((time.perf_counter() - began) * 1000)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(8) as pool:
         for i in range(count):
             time.sleep(max(0.0, start + i / rate - time.perf_counter()))
-            pool.submit(send, i)
-    ms = np.array(times[count // 10 :]) * 1000
-    return {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
+            pool.submit(send, first + i)
+    return times
+
+
+def query_latency(sides: list[Side], count: int, rate: float, slices: int) -> dict[str, dict[str, float]]:
+    """p50/p99 ms of each side's 16-token queries: `count` a side, in `slices` slices alternating
+    between the sides, so that drift falls on every side alike; a slice's first tenth is a warm-up."""
+    times: dict[str, list[float]] = {side.name: [] for side in sides}
+    per = max(10, count // slices)
+    for k in range(slices):
+        for side in sides:
+            times[side.name] += query_times(side, per, rate, k * per)[per // 10 :]
+    return {name: {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
+            for name, ms in times.items()}  # fmt: skip
 
 
 def ivy_side(name: str, extra: str, model: Path, out: Path, home: Path | None = None) -> Side:
@@ -248,6 +260,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--queries", type=int, default=400)
     parser.add_argument("--rate", type=float, default=50, help="queries a second in the latency run")
+    parser.add_argument("--starts", type=int, default=1, help="starts of each ivy side (first answer: median)")
+    parser.add_argument("--query-slices", type=int, default=3, help="slices of the query run, alternating sides")
     parser.add_argument("--out", type=Path, default=Path("/tmp/peers"))
     parser.add_argument("--encoding", choices=("base64", "float"), default="base64", help="vectors' encoding_format")
     args = parser.parse_args()
@@ -259,9 +273,16 @@ def main() -> None:
     sides: list[Side] = []
     try:
         homes = {name: Path(home) for name, _, home in (spec.partition("=") for spec in args.ivy_from)}
-        for spec in args.ivy or ["bf16="]:
-            name, _, flags = spec.partition("=")
+        specs = [spec.partition("=")[::2] for spec in args.ivy or ["bf16="]]
+        firsts: dict[str, list[float]] = {name: [] for name, _ in specs}
+        for _ in range(args.starts - 1):  # extra starts, alternating, for the first answer's median
+            for name, flags in specs:
+                side = ivy_side(name, flags, args.model, args.out, homes.get(name))
+                firsts[name].append(side.first_answer)
+                side.stop()
+        for name, flags in specs:
             sides.append(ivy_side(name, flags, args.model, args.out, homes.get(name)))
+            sides[-1].first_answer = statistics.median([*firsts[name], sides[-1].first_answer])
         if args.vllm_env:
             sides.append(vllm_side(args.vllm_env, vllm_folder(args.model, args.out), args.vllm_memory, args.vllm_arg,
                                    args.out))  # fmt: skip
@@ -278,13 +299,13 @@ def main() -> None:
         for _ in range(args.rounds):  # alternating, so that drift falls on every side alike
             for side in sides:
                 rates[side.name].append(batch_rate(side, docs, args.client_batch, args.concurrency))
+        latency = query_latency(sides, args.queries, args.rate, args.query_slices)
         results = []
         for side in sides:
-            latency = query_latency(side, args.queries, args.rate)
             info = requests.get(f"{side.url}/info", timeout=30).json() if side.name.startswith("ivy") else {}
             fidelity = (info.get("engine") or {}).get("fidelity") or {}
             results.append({"side": side.name, "batch_tokens_s": round(statistics.median(rates[side.name])),
-                            "batch_runs": [round(r) for r in rates[side.name]], "query_ms": latency,
+                            "batch_runs": [round(r) for r in rates[side.name]], "query_ms": latency[side.name],
                             "first_answer_s": round(side.first_answer, 2),
                             "worst_cosine": fidelity.get("worst_cosine"),
                             "worst_cosine_large": (fidelity.get("large_batches") or {}).get("worst_cosine"),
