@@ -11,6 +11,7 @@ import torch
 
 import rose
 from rose import attention
+from rose.errors import ModelError
 from rose.runtime.buckets import bucket
 from support import cosines, save_qwen3
 
@@ -69,6 +70,24 @@ def test_the_lru_keeps_at_most_max_graphs() -> None:
         engine.embed_ids([[101] * (tokens - 1)])
     stats = engine.stats()["cuda_graphs"]
     assert stats["graphs"] == 2 and stats["evicted"] == 2 and stats["captures"] == 4 and stats["pool_bytes"] > 0
+
+
+def test_graphs_capture_again_after_every_graph_was_forgotten() -> None:
+    # What a kernel switch does (the fused SwiGLU, once loaded) when every graph is a large
+    # step's: torch cannot capture into a pool whose graphs were all reset.
+    engine = rose.Engine(device="cuda", cuda_graphs="eager", verify=False)
+    sequences = [[101] * 200] * 24
+    first = engine.embed_ids(sequences)
+    engine.gpu.forget_graphs(0)
+    again = engine.embed_ids(sequences)
+    stats = engine.stats()["cuda_graphs"]
+    assert stats["captures"] == 2 and stats["forgotten"] == 1 and stats["graphs"] == 1
+    assert cosines(again, first).min() >= 0.9999
+
+
+def test_max_cuda_graphs_below_one_is_refused() -> None:
+    with pytest.raises(ModelError, match="at least 1"):
+        rose.Engine(device="cuda", max_cuda_graphs=0, verify=False)
 
 
 def test_warmup_captures_at_start_and_fidelity_is_reported() -> None:

@@ -51,6 +51,8 @@ class CudaGraphs:
     def __init__(self, mode: str, max_graphs: int, attention: AttentionBackend, stream: torch.cuda.Stream) -> None:
         if mode not in GRAPH_MODES:
             raise ModelError(f"cuda graphs must be one of {', '.join(GRAPH_MODES)}, not {mode!r}")
+        if max_graphs < 1:  # each capture would evict itself, and its pool could not be captured into again
+            raise ModelError(f"max cuda graphs must be at least 1, not {max_graphs} (cuda graphs off turns them off)")
         # Replays are launched through the driver, not CUDAGraph.replay(): about half the host's
         # time a launch, on a query's path before its kernel.
         self._driver = driver_for(stream.device_index)
@@ -131,11 +133,19 @@ class CudaGraphs:
     def forget(self, min_tokens: int) -> None:
         """Drops the graphs of buckets of `min_tokens` or more: their next hits run eagerly and
         capture again."""
+        forgotten = 0
         for key in [k for k in self.graphs if k[0] >= min_tokens]:
-            entry = self.graphs.pop(key)
-            if entry.graph is not None:
-                entry.graph.reset()
-                self.stats.forgotten += 1
+            graph = self.graphs.pop(key).graph
+            if graph is not None:
+                graph.reset()
+                forgotten += 1
+        self.stats.forgotten += forgotten
+        if forgotten and not any(e.graph is not None for e in self.graphs.values()):
+            # torch refuses to capture into a pool all of whose graphs were reset (an internal
+            # assert in its allocator), so the next capture takes a new one; the old pool's
+            # memory goes back once nothing holds it.
+            self.pool = torch.cuda.graph_pool_handle()
+            torch.cuda.empty_cache()
 
     def describe(self) -> dict:
         captured = [k for k, e in self.graphs.items() if e.graph is not None]
