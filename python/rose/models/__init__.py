@@ -1,7 +1,8 @@
 """The model families ROSE serves: a file each, and a line each in MODELS (config.json's
 `model_type` to the class). A family's class is built from (config, weights, dtype, device,
 matmul_dtype), names its checkpoint's weight prefixes in `weight_prefixes`, and has
-`attention_spec` and `forward(batch, attention) -> [tokens, hidden]`; a family that scores names
+`attention_spec` and `forward(batch, attention, rows=None) -> [tokens, hidden]` (with `rows`, those
+rows' states only, the last layer past attention run for them alone); a family that scores names
 its `score_pooling` and builds its `score_head(weights, tokenizer, config)` (rose.models.heads; a
 head with a `pooling` of its own overrides the family's); a decoder
 family may offer `decoder_weights()` for the fused single-query decoders (rose.decoder)."""

@@ -95,8 +95,11 @@ class Bert:
                 )
             )
 
-    def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
-        """[tokens] ids -> [tokens, hidden] states."""
+    def forward(
+        self, batch: RaggedBatch, attention: AttentionBackend, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[tokens] ids -> [tokens, hidden] states, or only `rows`' states (the last layer's work
+        past attention done for those rows alone)."""
         spec = self.attention_spec
         positions = batch.positions + self.position_offset if self.position_offset else batch.positions
         x = self.word_embeddings[batch.input_ids] + self.position_embeddings[positions]
@@ -108,6 +111,8 @@ class Bert:
         for layer in self.layers:
             qkv = layer.qkv(x).view(-1, 3, spec.num_heads, spec.head_dim)
             attn = attention(qkv[:, 0], qkv[:, 1], qkv[:, 2]).reshape(-1, self.hidden)
+            if rows is not None and layer is self.layers[-1]:
+                attn, x = attn[rows], x[rows]
             x = kernels.add_layernorm(layer.out(attn), x, *layer.attn_norm, self.eps)
             h = activated(layer.up, x, self.activation)
             x = kernels.add_layernorm(layer.down(h), x, *layer.ffn_norm, self.eps)

@@ -95,8 +95,11 @@ class DecoderStack:
         """The fused gate/up weight's shape [2 * intermediate, hidden] (rose.ops.fused_swiglu)."""
         return tuple(self.layers[0].gate_up.weight.shape)
 
-    def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
-        """[tokens] ids -> [tokens, hidden] states after the final norm."""
+    def forward(
+        self, batch: RaggedBatch, attention: AttentionBackend, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[tokens] ids -> [tokens, hidden] states after the final norm, or only `rows`' states
+        (the last layer's work past attention done for those rows alone)."""
         spec = self.attention_spec
         residual = self.embed_tokens[batch.input_ids]  # the gather's own copy, added to in place
         h = kernels.rmsnorm(residual, self.layers[0].input_norm, self.eps)
@@ -109,6 +112,8 @@ class DecoderStack:
                 q, k = self._rotated(qkv, layer, batch)
                 v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
                 out = attention(q, k, v)
+            if rows is not None and layer is self.layers[-1]:
+                out, residual = out[rows], residual[rows]
             h = add_linear_rmsnorm(layer.o, out.reshape(-1, self.q_size), residual, layer.post_norm, self.eps)
             after = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             h = add_linear_rmsnorm(layer.down, swiglu(layer.gate_up, h, self.fused_swiglu), residual, after, self.eps)

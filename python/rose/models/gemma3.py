@@ -103,8 +103,11 @@ class Gemma3:
         """Gemma's RMSNorm: the shared one with the (1 + w) gain made at load."""
         return kernels.rmsnorm(x, gain, self.eps)
 
-    def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
-        """[tokens] ids -> [tokens, hidden] states."""
+    def forward(
+        self, batch: RaggedBatch, attention: AttentionBackend, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[tokens] ids -> [tokens, hidden] states, or only `rows`' states (the last layer's work
+        past attention done for those rows alone)."""
         spec = self.attention_spec
         x = self.embed_tokens[batch.input_ids] * self.embed_scale
         for layer in self.layers:
@@ -115,6 +118,8 @@ class Gemma3:
             v = qkv[:, self.q_size + self.kv_size :].view(-1, spec.num_kv_heads, spec.head_dim)
             kernels.apply_rope(q, k, batch.positions, self.rope_local if layer.local else self.rope_global)
             attn = attention(q, k, v, windowed=layer.local).reshape(-1, self.q_size)
+            if rows is not None and layer is self.layers[-1]:
+                attn, x = attn[rows], x[rows]
             x = x + self._norm(layer.out(attn), layer.post_attn_norm)
             gate, up = layer.gate_up(self._norm(x, layer.pre_mlp_norm)).chunk(2, dim=-1)
             x = x + self._norm(layer.down(F.gelu(gate, approximate="tanh") * up), layer.post_mlp_norm)

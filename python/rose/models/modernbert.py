@@ -85,8 +85,11 @@ class ModernBert:
     def _norm(self, x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
         return F.layer_norm(x, (self.hidden,), norm[0], norm[1], self.eps)
 
-    def forward(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
-        """[tokens] ids -> [tokens, hidden] states."""
+    def forward(
+        self, batch: RaggedBatch, attention: AttentionBackend, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[tokens] ids -> [tokens, hidden] states, or only `rows`' states (the last layer's work
+        past attention done for those rows alone)."""
         spec = self.attention_spec
         x = self._norm(self.embeddings[batch.input_ids], self.embed_norm)
         for layer in self.layers:
@@ -96,6 +99,8 @@ class ModernBert:
             q, k, v = qkv[:, 0].contiguous(), qkv[:, 1].contiguous(), qkv[:, 2]
             kernels.apply_rope(q, k, batch.positions, self.rope_local if layer.local else self.rope_global)
             attn = attention(q, k, v, windowed=layer.local).reshape(-1, self.hidden)
+            if rows is not None and layer is self.layers[-1]:
+                attn, x = attn[rows], x[rows]
             x = x + layer.out(attn)
             gate_in, gate = layer.up(self._norm(x, layer.mlp_norm)).chunk(2, dim=-1)
             x = x + layer.down(self.activation(gate_in) * gate)

@@ -3,12 +3,35 @@ normalization, quantization) is Tulip's, per request (crates/tulip/src/postproce
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from rose.attention import AttentionBackend
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
 from rose.loading.model_dir import POOLING_MODES
 from rose.models.sparse import SpladeHead
+
+
+def selected_rows(batch: RaggedBatch, mode: str) -> torch.Tensor | None:
+    """The one token row a sequence that `mode` reads (cls: its first, last: its last), or None
+    where it reads them all."""
+    # Empty sequences (a CUDA graph bucket's padding) must not index out of range.
+    if mode == "cls":
+        return batch.cu_seqlens[:-1].long().clamp(max=batch.num_tokens - 1)
+    if mode == "last":
+        return (batch.cu_seqlens[1:].long() - 1).clamp(min=0)
+    return None
+
+
+def pooled_forward(model: Any, batch: RaggedBatch, attention: AttentionBackend, mode: str) -> torch.Tensor:
+    """`model`'s pooled float32 states by `mode`; where the mode reads one row a sequence, the
+    model's last layer runs past attention on those rows alone."""
+    rows = selected_rows(batch, mode)
+    if rows is None:
+        return pool(model.forward(batch, attention), batch, mode, getattr(model, "splade", None))
+    return model.forward(batch, attention, rows).float()
 
 
 def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str, splade: SpladeHead | None = None) -> torch.Tensor:
@@ -20,12 +43,9 @@ def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str, splade: SpladeHead
             raise ModelError("SPLADE pooling needs the model's masked-LM head")
         return splade(hidden, batch)
     hidden = hidden.float()
-    # Empty sequences (a CUDA graph bucket's padding) must not index out of range or divide by 0.
-    last_token = hidden.shape[0] - 1
-    if mode == "cls":
-        return hidden[batch.cu_seqlens[:-1].long().clamp(max=last_token)]
-    if mode == "last":
-        return hidden[(batch.cu_seqlens[1:].long() - 1).clamp(min=0)]
+    rows = selected_rows(batch, mode)
+    if rows is not None:
+        return hidden[rows]
     if mode == "mean":
         sums = torch.zeros(batch.num_sequences, hidden.shape[1], device=hidden.device, dtype=hidden.dtype)
         sums.index_add_(0, batch.seq_ids, hidden)

@@ -27,7 +27,7 @@ from rose.loading.weights import load_weights
 from rose.models import model_class
 from rose.models.dense import DenseModules
 from rose.models.multi_vector import expansion_key_lengths, token_head
-from rose.models.pooling import pool
+from rose.models.pooling import pooled_forward
 from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
 from rose.ops.fused_swiglu import MIN_TOKENS as FUSED_SWIGLU_MIN_TOKENS
@@ -380,7 +380,7 @@ class Engine:
         attention.plan_keys(batch, layout.key_cu_seqlens, torch.from_numpy(layout.key_rows).to(self.device))
 
         def scores() -> torch.Tensor:  # the prefix's own row goes
-            return head(pool(self.model.forward(batch, attention), batch, self.pooling)[1:])
+            return head(pooled_forward(self.model, batch, attention, self.pooling)[1:])
 
         return self.gpu.eager(scores) if self.gpu is not None else LazyTensor(scores())
 
@@ -399,7 +399,7 @@ class Engine:
         """Token ids to pooled float32 vectors: the region a CUDA graph captures."""
         if self.decoder is not None and batch.num_tokens <= self.decoder.max_tokens:
             return self.decoder(batch, self.pooling)
-        return pool(self.model.forward(batch, attention), batch, self.pooling, getattr(self.model, "splade", None))
+        return pooled_forward(self.model, batch, attention, self.pooling)
 
     def _token_rows(self, batch: RaggedBatch, attention: AttentionBackend) -> torch.Tensor:
         """Token ids to a float32 row a token (token_row_layout)."""

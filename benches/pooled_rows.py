@@ -1,0 +1,79 @@
+"""What running the last layer past attention on the pooled rows alone saves (CLS and last-token
+pooling, rose.models.pooling.pooled_forward), in-process: the engine as served against the same
+engine computing every token's row to the end, alternating in short slices, the same documents
+of 32-512 tokens; the worst cosine between the two sides' vectors.
+
+    python benches/pooled_rows.py --shape bge-base --device cpu --docs 48 --slices 9
+    python benches/pooled_rows.py --shape qwen3-0.6b --device cuda
+
+bge-base: a random BertModel of its shape, CLS pooling; qwen3-0.6b: a random Qwen3-0.6B shape,
+last-token pooling (its fused single-query decoder off, so both sides run the same layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from gpu_check import documents
+from step_breakdown import save_bert_base
+
+import rose
+from inprocess import embed_packed
+from rose.models.pooling import pool
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from support import save_qwen3  # noqa: E402
+
+
+def every_row(engine: rose.Engine) -> None:
+    """Makes `engine` compute every token's row through the last layer, then pool."""
+    engine._forward = lambda batch, attention: pool(engine.model.forward(batch, attention), batch, engine.pooling)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=("bge-base", "qwen3-0.6b"), default="bge-base")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--docs", type=int, default=1024)
+    parser.add_argument("--slices", type=int, default=7)
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp()) / args.shape
+    if args.shape == "bge-base":
+        save_bert_base(folder)
+    else:
+        save_qwen3(folder, "0.6b", bidirectional=False)
+    make = lambda: rose.Engine(folder, device=args.device, verify=False, fused_decoder="off")  # noqa: E731
+    sides = {"pooled rows": make(), "every row": make()}
+    every_row(sides["every row"])
+    docs = documents(args.docs, 30522)
+    tokens = sum(map(len, docs))
+    vectors = {name: embed_packed(engine, docs) for name, engine in sides.items()}  # warm-up, captures
+    for engine in sides.values():
+        embed_packed(engine, docs)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(args.slices):
+        for name, engine in sides.items():
+            began = time.perf_counter()
+            embed_packed(engine, docs)
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - began)
+    a, b = (np.asarray(v, dtype=np.float64) for v in vectors.values())
+    worst = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+    ratios = [e / p for p, e in zip(times["pooled rows"], times["every row"], strict=True)]
+    print(f"{args.shape}, {args.docs} documents ({tokens} tokens), {args.device}, {torch.get_num_threads()} threads")
+    for name, t in times.items():
+        print(f"{name}: {tokens / statistics.median(t):,.0f} tokens/s (median of {args.slices})")
+    print(f"pooled rows / every row: {statistics.median(ratios):.3f}x (median of the slices' ratios, "
+          f"{min(ratios):.3f}-{max(ratios):.3f}); worst cosine between them {worst:.6f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
