@@ -49,6 +49,7 @@ def pool(hidden: torch.Tensor, batch: RaggedBatch, mode: str, splade: SpladeHead
     if mode == "mean":
         sums = torch.zeros(batch.num_sequences, hidden.shape[1], device=hidden.device, dtype=hidden.dtype)
         sums.index_add_(0, batch.seq_ids, hidden)
+        # Empty sequences (a CUDA graph bucket's padding) must not divide by 0.
         counts = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).clamp(min=1).to(hidden.dtype)
         return sums / counts[:, None]
     if mode == "max":
