@@ -3,7 +3,7 @@ pooling, rose.models.pooling.pooled_forward), in-process: the engine as served a
 engine computing every token's row to the end, alternating in short slices, the same documents
 of 32-512 tokens; the worst cosine between the two sides' vectors.
 
-    python benches/pooled_rows.py --shape bge-base --device cpu --docs 48 --slices 9
+    python benches/pooled_rows.py --shape bge-base --device cpu --docs 8 --slices 41
     python benches/pooled_rows.py --shape qwen3-0.6b --device cuda
 
 bge-base: a random BertModel of its shape, CLS pooling; qwen3-0.6b: a random Qwen3-0.6B shape,
