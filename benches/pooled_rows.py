@@ -37,12 +37,32 @@ def every_row(engine: rose.Engine) -> None:
     engine._forward = lambda batch, attention: pool(engine.model.forward(batch, attention), batch, engine.pooling)
 
 
+def query_p50(sides: dict[str, rose.Engine], slices: int, device: str) -> None:
+    """One 16-token query's latency on each side, 200 a slice, slices alternating."""
+    query = [list(range(1000, 1016))]
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for engine in sides.values():
+        for _ in range(3):  # eager, capture, replay
+            engine.embed_ids(query)
+    for _ in range(slices):
+        for name, engine in sides.items():
+            for _ in range(200):
+                began = time.perf_counter()
+                engine.embed_ids(query)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - began)
+    for name, t in times.items():
+        print(f"{name}: one 16-token query p50 {statistics.median(t) * 1e3:.3f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=("bge-base", "qwen3-0.6b"), default="bge-base")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--docs", type=int, default=1024)
     parser.add_argument("--slices", type=int, default=7)
+    parser.add_argument("--query", action="store_true", help="one 16-token query's p50 instead of batches")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp()) / args.shape
     if args.shape == "bge-base":
@@ -52,6 +72,9 @@ def main() -> None:
     make = lambda: rose.Engine(folder, device=args.device, verify=False, fused_decoder="off")  # noqa: E731
     sides = {"pooled rows": make(), "every row": make()}
     every_row(sides["every row"])
+    if args.query:
+        query_p50(sides, args.slices, args.device)
+        return
     docs = documents(args.docs, 30522)
     tokens = sum(map(len, docs))
     vectors = {name: embed_packed(engine, docs) for name, engine in sides.items()}  # warm-up, captures

@@ -11,7 +11,8 @@ measured copy bandwidth.
 Steps run eagerly (graphs off) so that the profiler sees each kernel; the same steps' wall time
 under CUDA graphs is printed beside, so the launch cost graphs remove shows too, and under graphs
 with the matmuls' epilogue fusions off (rose.ops.kernels.FUSED_EPILOGUES) and with SwiGLU's alone
-off (`fused_swiglu="off"`), what they save. Prints a Markdown table and a JSON line.
+off (`fused_swiglu="off"`), what they save. Prints a Markdown table and a JSON line; `--kernels N`
+adds the N costliest kernels and each matmul shape's TFLOP/s, to tell which product lags.
 """
 
 from __future__ import annotations
@@ -113,6 +114,24 @@ def floors(
     }
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::_addmm_activation")
+
+
+def matmul_rates(prof: profile, steps: int) -> list[dict]:
+    """Each matmul op and input shape's ms a step and TFLOP/s, from a profile with shapes."""
+    out = []
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key not in MATMUL_OPS or not event.self_device_time_total:
+            continue
+        shapes = [s for s in event.input_shapes if len(s) == 2]
+        (m, k), (_, n) = shapes[-2], shapes[-1]  # addmm's C comes first
+        seconds_ = event.self_device_time_total / 1e6
+        out.append({"op": event.key, "m": m, "k": k, "n": n, "calls": event.count // steps,
+                    "ms": round(seconds_ * 1e3 / steps, 3),
+                    "tflops": round(2 * m * k * n * event.count / seconds_ / 1e12, 1)})  # fmt: skip
+    return sorted(out, key=lambda r: -r["ms"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bert-base", action="store_true", help="the bge-base shape instead of Qwen3-0.6B")
@@ -120,6 +139,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--docs", type=int, default=512)
+    parser.add_argument("--kernels", type=int, default=0, help="list the N costliest kernels and the matmuls' rates")
     args = parser.parse_args()
     folder = args.model
     if folder is None and args.bert_base:
@@ -151,6 +171,17 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager engine: graphs off
         engine.embed_batches(steps)
         torch.cuda.synchronize()
+    if args.kernels:
+        kernels_ = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                          key=lambda e: -e.self_device_time_total)[: args.kernels]  # fmt: skip
+        print("| kernel | calls a step | ms a step |\n|---|---|---|")
+        for e in kernels_:
+            print(f"| {e.key[:110]} | {e.count / len(steps):.0f} | {e.self_device_time_total / 1e3 / len(steps):.3f} |")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as shaped:
+            engine.embed_batches(steps)
+            torch.cuda.synchronize()
+        for row in matmul_rates(shaped, len(steps)):
+            print(json.dumps(row))
     kernel_ms: dict[str, float] = {}
     for event in prof.key_averages():
         if event.self_device_time_total > 0:  # kernels and copies; the host's API calls have none

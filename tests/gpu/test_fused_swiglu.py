@@ -73,7 +73,9 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
     kernel, calls = engine.model.fused_swiglu, []
     engine.model.fused_swiglu = lambda x, w: calls.append(len(x)) or kernel(x, w)
     fused += [engine.embed_ids(docs) for _ in range(2)]  # captured, then replayed
-    assert len(calls) == 2  # both layers in the capture, none on replay
+    # The first layer's step in the capture, none on replay; last-token pooling runs the last
+    # layer's MLP on the pooled rows alone, too few for the kernel (rose.models.pooling).
+    assert len(calls) == 1 and calls[0] >= MIN_TOKENS
     reference = engine.reference(docs)
     for vectors in unfused + fused:
         assert cosines(vectors, reference).min() >= 0.999
