@@ -80,6 +80,14 @@ class Side:
             self.process.kill()
 
 
+def gpu_idle(side: Side) -> float | None:
+    """An ivy side's GPU idle share between steps since the previous call (its /info closes the
+    engine's window and opens the next); None for other sides and on the CPU."""
+    if not side.name.startswith("ivy"):
+        return None
+    return (requests.get(f"{side.url}/info", timeout=30).json().get("engine") or {}).get("gpu_idle_fraction")
+
+
 def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency: int, warm: bool = False) -> float:
     """Tokens/s of the documents sent as client batches of `client_batch`, `concurrency` in flight.
     `warm`: a 429 is retried after its Retry-After for up to WARM_LIMIT seconds (a fresh machine's
@@ -296,9 +304,14 @@ def main() -> None:
                 side.stop()
                 sides.remove(side)
         rates: dict[str, list[float]] = {s.name: [] for s in sides}
+        idle: dict[str, list[float]] = {s.name: [] for s in sides}
         for _ in range(args.rounds):  # alternating, so that drift falls on every side alike
             for side in sides:
+                gpu_idle(side)  # opens the engine's idle-share window
                 rates[side.name].append(batch_rate(side, docs, args.client_batch, args.concurrency))
+                share = gpu_idle(side)
+                if share is not None:
+                    idle[side.name].append(share)
         latency = query_latency(sides, args.queries, args.rate, args.query_slices)
         results = []
         for side in sides:
@@ -310,7 +323,8 @@ def main() -> None:
                             "worst_cosine": fidelity.get("worst_cosine"),
                             "worst_cosine_large": (fidelity.get("large_batches") or {}).get("worst_cosine"),
                             "fallbacks": fidelity.get("fallbacks"),
-                            "fused_swiglu": (info.get("engine") or {}).get("fused_swiglu")})  # fmt: skip
+                            "fused_swiglu": (info.get("engine") or {}).get("fused_swiglu"),
+                            "gpu_idle": statistics.median(idle[side.name]) if idle[side.name] else None})  # fmt: skip
             print(json.dumps(results[-1]), flush=True)
     finally:
         for side in sides:

@@ -132,6 +132,15 @@ def matmul_rates(prof: profile, steps: int) -> list[dict]:
     return sorted(out, key=lambda r: -r["ms"])
 
 
+def grouped(prof: profile, steps: int) -> dict[str, float]:
+    """Milliseconds a step each group's kernels and copies ran (the host's API calls have none)."""
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.self_device_time_total > 0:
+            out[group(event.key)] = out.get(group(event.key), 0.0) + event.self_device_time_total / 1e3 / steps
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bert-base", action="store_true", help="the bge-base shape instead of Qwen3-0.6B")
@@ -162,6 +171,8 @@ def main() -> None:
         engine = rose.Engine(folder, device=args.device, dtype=args.dtype, cuda_graphs=graphs, verify=False,
                              fused_swiglu=swiglu)  # fmt: skip
         engine.swiglu.wait()  # loaded before the steps, as a server has it after its first large ones
+        if name == "lazy":
+            graphed = engine
         for _ in range(2):
             engine.embed_batches(steps)
         torch.cuda.synchronize()
@@ -182,11 +193,16 @@ def main() -> None:
             torch.cuda.synchronize()
         for row in matmul_rates(shaped, len(steps)):
             print(json.dumps(row))
-    kernel_ms: dict[str, float] = {}
-    for event in prof.key_averages():
-        if event.self_device_time_total > 0:  # kernels and copies; the host's API calls have none
-            total = event.self_device_time_total / 1e3 / len(steps)
-            kernel_ms[group(event.key)] = kernel_ms.get(group(event.key), 0.0) + total
+        # The same steps replayed from their graphs: which kernels a replay runs longer or adds.
+        with profile(activities=[ProfilerActivity.CUDA]) as replayed:
+            graphed.embed_batches(steps)
+            torch.cuda.synchronize()
+        print(json.dumps({"under graphs": grouped(replayed, len(steps))}))
+        for e in sorted(replayed.key_averages(), key=lambda e: -e.self_device_time_total)[: args.kernels]:
+            if e.self_device_time_total > 0:
+                ms = e.self_device_time_total / 1e3 / len(steps)
+                print(f"graphs | {e.key[:110]} | {e.count / len(steps):.0f} | {ms:.3f}")
+    kernel_ms = grouped(prof, len(steps))
     floor = floors(config, steps, peaks, args.dtype == "fp8", engine.swiglu.state == "ready")
     busy = sum(kernel_ms.values())
     rows = dict(sorted(kernel_ms.items(), key=lambda kv: -kv[1]))

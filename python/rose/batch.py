@@ -30,6 +30,8 @@ class RaggedBatch:
     token_count: torch.Tensor | None = None
     # [tokens] int32 on the device: each token's type (segment) id; None: all 0
     token_type_ids: torch.Tensor | None = None
+    # (tokens, sequences) before the padding, on the host, when the batch is padded for a graph
+    unpadded: tuple[int, int] | None = None
 
     @classmethod
     def from_host(
@@ -62,6 +64,13 @@ class RaggedBatch:
         if self.token_count is not None:
             return self.token_count
         return torch.full((1,), self.num_tokens, dtype=torch.int32, device=self.input_ids.device)
+
+    @property
+    def mean_length(self) -> float:
+        """The real sequences' mean length: a graph bucket's padding sequence and empty slots
+        left out, which would otherwise pull it down."""
+        tokens, sequences = self.unpadded or (self.num_tokens, self.num_sequences)
+        return tokens / max(sequences, 1)
 
     @property
     def num_sequences(self) -> int:

@@ -3,6 +3,7 @@ also after a larger batch left its data in the static buffers; the fidelity chec
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -13,7 +14,7 @@ import rose
 from rose import attention
 from rose.errors import ModelError
 from rose.runtime.buckets import bucket
-from support import cosines, save_qwen3
+from support import cosines, save_qwen3, save_tiny_bert
 
 
 def random_batches(
@@ -62,6 +63,17 @@ def test_qwen3_replays_match_eager_runs(tmp_path, monkeypatch, bidirectional: bo
         }
         assert min(worst.values()) >= 0.999, worst
     assert graphs.attention.small is not None
+
+
+def test_a_graph_takes_the_attention_backend_of_its_real_sequences(tmp_path, monkeypatch) -> None:
+    # Its bucket's padding (one sequence of pad tokens, empty slots) must not pull the mean length
+    # under a bound of the table: it once sent bge-base's long steps to the slower kernel.
+    monkeypatch.setitem(attention.AUTO_TABLE, (16, False), [(64, "fa2"), (math.inf, "fa3")])
+    engine = rose.Engine(save_tiny_bert(tmp_path / "bert", "cls"), device="cuda", cuda_graphs="lazy", verify=False)
+    padded, slots = key = bucket(200, 2)
+    assert padded / slots <= 64  # the padded batch's mean alone would take fa2
+    engine.embed_ids([list(range(1000, 1100))] * 2)
+    assert engine.gpu.graphs.graphs[key].attention.name == "fa3"
 
 
 def test_the_lru_keeps_at_most_max_graphs() -> None:

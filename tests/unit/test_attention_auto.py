@@ -123,3 +123,15 @@ def test_deferring_needs_a_light_backend_to_serve_meanwhile(backends) -> None:
     tried = backends(failing={"torch"})
     auto = AutoBackend(SPEC, torch.device("cpu"), defer=True)
     assert tried == ["torch", "fa2", "fa3", "triton"] and not auto.deferred and list(auto.backends) == ["fa2", "fa3"]
+
+
+def test_a_graph_buckets_padding_leaves_the_choice_to_the_real_sequences(backends) -> None:
+    backends(failing=set())
+    auto = AutoBackend(SPEC, torch.device("cpu"))
+    # Two sequences of 100 tokens padded to a bucket of 256 tokens in 8 slots, as DeviceInputs.fill
+    # makes it: a mean of 32 over the slots, 100 over the real sequences.
+    padded = batch([100, 100, 56, 0, 0, 0, 0, 0])
+    padded.unpadded = (200, 2)
+    assert padded.mean_length == 100 and auto.choose(padded).name == "fa3"
+    padded.unpadded = None
+    assert auto.choose(padded).name == "fa2"

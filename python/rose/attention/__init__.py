@@ -131,8 +131,7 @@ class AutoBackend(AttentionBackend):
     def choose(self, batch: RaggedBatch) -> AttentionBackend:
         if self.takes_small(batch.num_tokens):
             return self.small
-        mean_length = batch.num_tokens / max(batch.num_sequences, 1)
-        name = next((name for bound, name in self.table if mean_length <= bound), self.fallback)
+        name = next((name for bound, name in self.table if batch.mean_length <= bound), self.fallback)
         return self.backends[name]
 
     def plan(self, batch: RaggedBatch) -> None:

@@ -80,7 +80,8 @@ class DeviceInputs:
             views = self._views[(tokens, sequences)] = self._slice(tokens, sequences)
         upload, on_device, cu, cu_host, count = views
         self._driver.copy_to_device(*upload, self._stream_handle)
-        batch = RaggedBatch(on_device, cu, cu_host, max_seqlen, token_count=count)
+        unpadded = (real_tokens, real_sequences)
+        batch = RaggedBatch(on_device, cu, cu_host, max_seqlen, token_count=count, unpadded=unpadded)
         if token_type_ids is not None:
             types = self._types_staging.numpy()
             types[:real_tokens] = token_type_ids
