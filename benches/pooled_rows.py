@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from gpu_check import documents
 from step_breakdown import save_bert_base
@@ -27,9 +26,10 @@ from step_breakdown import save_bert_base
 import rose
 from inprocess import embed_packed
 from rose.models.pooling import pool
+from timing import alternate, report
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from support import save_qwen3  # noqa: E402
+from support import cosines, save_qwen3  # noqa: E402
 
 
 def every_row(engine: rose.Engine) -> None:
@@ -77,25 +77,19 @@ def main() -> None:
         return
     docs = documents(args.docs, 30522)
     tokens = sum(map(len, docs))
-    vectors = {name: embed_packed(engine, docs) for name, engine in sides.items()}  # warm-up, captures
-    for engine in sides.values():
+    vectors = [embed_packed(engine, docs) for engine in sides.values()]  # each bucket's eager run
+
+    def timed(engine: rose.Engine) -> tuple[float, int]:
+        began = time.perf_counter()
         embed_packed(engine, docs)
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(args.slices):
-        for name, engine in sides.items():
-            began = time.perf_counter()
-            embed_packed(engine, docs)
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - began)
-    a, b = (np.asarray(v, dtype=np.float64) for v in vectors.values())
-    worst = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-    ratios = [e / p for p, e in zip(times["pooled rows"], times["every row"], strict=True)]
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - began, tokens
+
     print(f"{args.shape}, {args.docs} documents ({tokens} tokens), {args.device}, {torch.get_num_threads()} threads")
-    for name, t in times.items():
-        print(f"{name}: {tokens / statistics.median(t):,.0f} tokens/s (median of {args.slices})")
-    print(f"pooled rows / every row: {statistics.median(ratios):.3f}x (median of the slices' ratios, "
-          f"{min(ratios):.3f}-{max(ratios):.3f}); worst cosine between them {worst:.6f}")  # fmt: skip
+    names = tuple(sides)
+    report(*alternate(args.slices, lambda: timed(sides[names[0]]), lambda: timed(sides[names[1]]), names), names)
+    print(f"worst cosine between them {cosines(*vectors).min():.6f}")
 
 
 if __name__ == "__main__":

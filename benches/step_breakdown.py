@@ -141,6 +141,15 @@ def grouped(prof: profile, steps: int) -> dict[str, float]:
     return out
 
 
+def print_costliest(prof: profile, steps: int, count: int, run: str) -> None:
+    """The `count` kernels (and copies) that ran longest, as a Markdown table: calls and ms a step."""
+    events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                    key=lambda e: -e.self_device_time_total)[:count]  # fmt: skip
+    print(f"| kernel ({run}) | calls a step | ms a step |\n|---|---|---|")
+    for e in events:
+        print(f"| {e.key[:110]} | {e.count / steps:.0f} | {e.self_device_time_total / 1e3 / steps:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bert-base", action="store_true", help="the bge-base shape instead of Qwen3-0.6B")
@@ -183,11 +192,7 @@ def main() -> None:
         engine.embed_batches(steps)
         torch.cuda.synchronize()
     if args.kernels:
-        kernels_ = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
-                          key=lambda e: -e.self_device_time_total)[: args.kernels]  # fmt: skip
-        print("| kernel | calls a step | ms a step |\n|---|---|---|")
-        for e in kernels_:
-            print(f"| {e.key[:110]} | {e.count / len(steps):.0f} | {e.self_device_time_total / 1e3 / len(steps):.3f} |")
+        print_costliest(prof, len(steps), args.kernels, "eager")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as shaped:
             engine.embed_batches(steps)
             torch.cuda.synchronize()
@@ -198,10 +203,7 @@ def main() -> None:
             graphed.embed_batches(steps)
             torch.cuda.synchronize()
         print(json.dumps({"under graphs": grouped(replayed, len(steps))}))
-        for e in sorted(replayed.key_averages(), key=lambda e: -e.self_device_time_total)[: args.kernels]:
-            if e.self_device_time_total > 0:
-                ms = e.self_device_time_total / 1e3 / len(steps)
-                print(f"graphs | {e.key[:110]} | {e.count / len(steps):.0f} | {ms:.3f}")
+        print_costliest(replayed, len(steps), args.kernels, "graphs")
     kernel_ms = grouped(prof, len(steps))
     floor = floors(config, steps, peaks, args.dtype == "fp8", engine.swiglu.state == "ready")
     busy = sum(kernel_ms.values())
