@@ -111,16 +111,25 @@ def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency
     return sum(map(len, docs)) / (time.perf_counter() - began)
 
 
-def query_times(side: Side, count: int, rate: float, first: int = 0) -> list[float]:
+SPLIT = ("total", "tokenization", "queue", "inference", "transfer")
+"""Ivy's timing headers (x-NAME-time, ms): where a query's time went inside the server."""
+
+
+def query_times(side: Side, count: int, rate: float, first: int = 0) -> list[tuple[float, dict[str, float]]]:
     """Milliseconds of `count` 16-token queries, one at a time, sent at `rate` a second (open
-    loop); `first` varies the ids from one slice to the next."""
+    loop), each with the server's split where it sends one; `first` varies the ids from one slice
+    to the next."""
     session_pool = [requests.Session() for _ in range(8)]
-    times: list[float] = []
+    times: list[tuple[float, dict[str, float]]] = []
 
     def send(i: int) -> None:
         began = time.perf_counter()
-        side.embed([[1000 + (i * 7 + j) % 20000 for j in range(16)]], session_pool[i % 8]).raise_for_status()
-        times.append((time.perf_counter() - began) * 1000)
+        response = side.embed([[1000 + (i * 7 + j) % 20000 for j in range(16)]], session_pool[i % 8])
+        elapsed = (time.perf_counter() - began) * 1000
+        response.raise_for_status()
+        split = {name: float(response.headers[f"x-{name}-time"]) for name in SPLIT
+                 if f"x-{name}-time" in response.headers}  # fmt: skip
+        times.append((elapsed, split))
 
     start = time.perf_counter()
     with ThreadPoolExecutor(8) as pool:
@@ -130,16 +139,24 @@ def query_times(side: Side, count: int, rate: float, first: int = 0) -> list[flo
     return times
 
 
-def query_latency(sides: list[Side], count: int, rate: float, slices: int) -> dict[str, dict[str, float]]:
-    """p50/p99 ms of each side's 16-token queries: `count` a side, in `slices` slices alternating
-    between the sides, so that drift falls on every side alike; a slice's first tenth is a warm-up."""
-    times: dict[str, list[float]] = {side.name: [] for side in sides}
+def query_latency(sides: list[Side], count: int, rate: float, slices: int) -> dict[str, dict]:
+    """p50/p99 ms of each side's 16-token queries, and the medians of Ivy's split where it sends
+    one: `count` a side, in `slices` slices alternating between the sides, so that drift falls on
+    every side alike; a slice's first tenth is a warm-up."""
+    times: dict[str, list[tuple[float, dict[str, float]]]] = {side.name: [] for side in sides}
     per = max(10, count // slices)
     for k in range(slices):
         for side in sides:
             times[side.name] += query_times(side, per, rate, k * per)[per // 10 :]
-    return {name: {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
-            for name, ms in times.items()}  # fmt: skip
+    latency = {}
+    for name, answers in times.items():
+        ms = [elapsed for elapsed, _ in answers]
+        latency[name] = {"p50": round(float(np.percentile(ms, 50)), 3), "p99": round(float(np.percentile(ms, 99)), 3)}
+        splits = [split for _, split in answers if split]
+        if splits:  # the server's own medians: what the client's time holds beyond them is HTTP's
+            latency[name]["server_p50"] = {part: round(statistics.median(s[part] for s in splits), 3)
+                                           for part in SPLIT if part in splits[0]}  # fmt: skip
+    return latency
 
 
 def ivy_side(name: str, extra: str, model: Path, out: Path, home: Path | None = None) -> Side:
