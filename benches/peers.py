@@ -359,12 +359,14 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
     (args.out / "peers.json").write_text(json.dumps(results, indent=1))
     base = next((r["batch_tokens_s"] for r in results if r["side"] == "vllm serve"), None)
-    print("| side | batch tokens/s | vs vllm serve | 16-token query p50 / p99 ms |\n|---|---|---|---|")
+    print("| side | batch tokens/s | vs vllm serve | 16-token query p50 / p99 ms | the server's p50 ms |")
+    print("|---|---|---|---|---|")
     for r in results:
         ratio = f"{r['batch_tokens_s'] / base:.2f}x" if base else "-"
-        q = r.get("query_ms")
+        q = r.get("query_ms") or {}
         latency = f"{q['p50']} / {q['p99']}" if q else "-"
-        print(f"| {r['side']} | {r['batch_tokens_s']:,} | {ratio} | {latency} |")
+        server = (q.get("server_p50") or {}).get("total", "-")
+        print(f"| {r['side']} | {r['batch_tokens_s']:,} | {ratio} | {latency} | {server} |")
     shutil.rmtree(args.out / "vllm-model", ignore_errors=True)
 
 
