@@ -102,7 +102,8 @@ def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency
         while warm and response.status_code == 429 and time.perf_counter() < deadline:
             time.sleep(min(float(response.headers.get("retry-after", 1)), max(0.0, deadline - time.perf_counter())))
             response = side.embed(batches[i], sessions[i % concurrency])
-        response.raise_for_status()
+        if not response.ok:  # the server's JSON error says why (a 429's: the drain it estimated)
+            raise RuntimeError(f"{side.name} answered {response.status_code}: {response.text[:500]}")
         assert len(response.json()["data"]) == len(batches[i])
 
     began = time.perf_counter()
