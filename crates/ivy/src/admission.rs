@@ -54,6 +54,12 @@ impl DrainRate {
         if let Some(rate) = state.per_second.as_mut() {
             *rate = rate.max(shown);
         }
+        if state.tokens == 0 {
+            // A window's first answer: the queue held nothing of it before its admission, so
+            // an idle stretch since the last window (the server's start, a quiet hour) is not
+            // counted as time the queue took.
+            state.since = state.since.max(admitted);
+        }
         state.tokens += tokens as u64;
         let elapsed = now.saturating_duration_since(state.since);
         if elapsed < WINDOW {
@@ -146,6 +152,18 @@ mod tests {
         // Then a request of 5,000 tokens, alone (no busy window closes), answered in 50 ms.
         rate.finished(5000, false, at(start, 200_000), at(start, 200_050));
         assert_eq!(rate.wait(100_000), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn idle_time_before_a_window_s_first_request_is_not_a_slow_drain() {
+        let start = Instant::now();
+        let rate = DrainRate::new(start);
+        // The server idled ten minutes after its start; then 4,000 tokens drained in a second,
+        // in two answers (counted from the start, the first window would read 1,000 tokens in
+        // ten minutes, and the estimate would rest on the answers' own rates, 3,000 tokens/s).
+        rate.finished(1000, true, at(start, 600_000), at(start, 600_500));
+        rate.finished(3000, true, at(start, 600_000), at(start, 601_000));
+        assert_eq!(rate.wait(4000), Some(Duration::from_secs(1)));
     }
 
     #[test]
