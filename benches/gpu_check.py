@@ -31,6 +31,9 @@ import requests
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from support import free_port, save_qwen3  # noqa: E402
 
+SERVER_TIMES = ("total", "tokenization", "queue", "inference", "transfer")
+"""Ivy's timing headers (x-NAME-time, ms): where a request's time went inside the server."""
+
 
 def documents(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
     """Token ids of `count` documents of 32-512 tokens."""

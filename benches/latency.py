@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import requests
 import torch
+from gpu_check import SERVER_TIMES
 
 import rose
 
@@ -80,9 +81,6 @@ def kernel_table(engine: rose.Engine, sequences: int, length: int) -> str:
     busy = sum(e.device_time for e in kernels) / 1000
     head = f"one eager step of {sequences} x {length} tokens: {len(kernels)} kernels, {busy:.3f} ms of kernel time"
     return head + "\n" + prof.key_averages().table(sort_by="self_device_time_total", row_limit=12)
-
-
-SERVER_TIMES = ("total", "tokenization", "queue", "inference", "transfer")
 
 
 def http_latencies(url: str, sequences: int, length: int, iterations: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -31,7 +31,7 @@ import numpy as np
 import requests
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from gpu_check import documents, settle  # noqa: E402
+from gpu_check import SERVER_TIMES, documents, settle  # noqa: E402
 
 from support import free_port  # noqa: E402
 
@@ -112,10 +112,6 @@ def batch_rate(side: Side, docs: list[list[int]], client_batch: int, concurrency
     return sum(map(len, docs)) / (time.perf_counter() - began)
 
 
-SPLIT = ("total", "tokenization", "queue", "inference", "transfer")
-"""Ivy's timing headers (x-NAME-time, ms): where a query's time went inside the server."""
-
-
 def query_times(side: Side, count: int, rate: float, first: int = 0) -> list[tuple[float, dict[str, float]]]:
     """Milliseconds of `count` 16-token queries, one at a time, sent at `rate` a second (open
     loop), each with the server's split where it sends one; `first` varies the ids from one slice
@@ -128,7 +124,7 @@ def query_times(side: Side, count: int, rate: float, first: int = 0) -> list[tup
         response = side.embed([[1000 + (i * 7 + j) % 20000 for j in range(16)]], session_pool[i % 8])
         elapsed = (time.perf_counter() - began) * 1000
         response.raise_for_status()
-        split = {name: float(response.headers[f"x-{name}-time"]) for name in SPLIT
+        split = {name: float(response.headers[f"x-{name}-time"]) for name in SERVER_TIMES
                  if f"x-{name}-time" in response.headers}  # fmt: skip
         times.append((elapsed, split))
 
@@ -156,7 +152,7 @@ def query_latency(sides: list[Side], count: int, rate: float, slices: int) -> di
         splits = [split for _, split in answers if split]
         if splits:  # the server's own medians: what the client's time holds beyond them is HTTP's
             latency[name]["server_p50"] = {part: round(statistics.median(s[part] for s in splits), 3)
-                                           for part in SPLIT if part in splits[0]}  # fmt: skip
+                                           for part in SERVER_TIMES if part in splits[0]}  # fmt: skip
     return latency
 
 
