@@ -76,17 +76,23 @@ def batch_rate(url: str, docs: list[list[int]], client_batch: int = 64, concurre
     return sum(map(len, docs)) / (time.perf_counter() - began)
 
 
+FUSED_KERNELS = ("fused_swiglu", "fused_qk_rope")
+"""/info's engine keys of the kernels that large steps take once loaded (rose.ops.large_steps)."""
+
+
 def settle(url: str, warm: Callable[[], object], limit: float = 120) -> None:
-    """More warm rounds (`warm`) while the server's fused SwiGLU loads (it starts on the first large
-    step and takes seconds; /info's engine.fused_swiglu), then one for its large steps' graphs to
-    be captured again: the state a long load runs in. Wheels without it return at once."""
+    """More warm rounds (`warm`) while the server's kernels for large steps load (they start on the
+    first large step and take seconds; /info's engine.fused_swiglu and engine.fused_qk_rope), then
+    one for its large steps' graphs to be captured again: the state a long load runs in. Wheels
+    without them return at once."""
     began, rounds = time.perf_counter(), 0
     while True:
         engine = requests.get(f"{url}/info", timeout=30).json().get("engine") or {}
-        if (engine.get("fused_swiglu") or {}).get("state") != "loading":
+        loading = [name for name in FUSED_KERNELS if (engine.get(name) or {}).get("state") == "loading"]
+        if not loading:
             break
         if time.perf_counter() - began > limit:
-            raise RuntimeError(f"the fused SwiGLU did not load within {limit} s")
+            raise RuntimeError(f"{', '.join(loading)} did not load within {limit} s")
         warm()
         rounds += 1
     if rounds:

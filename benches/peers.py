@@ -31,7 +31,7 @@ import numpy as np
 import requests
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from gpu_check import SERVER_TIMES, documents, settle  # noqa: E402
+from gpu_check import FUSED_KERNELS, SERVER_TIMES, documents, settle  # noqa: E402
 
 from support import free_port  # noqa: E402
 
@@ -337,7 +337,7 @@ def main() -> None:
                             "worst_cosine": fidelity.get("worst_cosine"),
                             "worst_cosine_large": (fidelity.get("large_batches") or {}).get("worst_cosine"),
                             "fallbacks": fidelity.get("fallbacks"),
-                            "fused_swiglu": (info.get("engine") or {}).get("fused_swiglu"),
+                            **{name: (info.get("engine") or {}).get(name) for name in FUSED_KERNELS},
                             "gpu_idle": statistics.median(idle[side.name]) if idle[side.name] else None})  # fmt: skip
             print(json.dumps(results[-1]), flush=True)
     finally:

@@ -10,9 +10,10 @@ measured copy bandwidth.
 
 Steps run eagerly (graphs off) so that the profiler sees each kernel; the same steps' wall time
 under CUDA graphs is printed beside, so the launch cost graphs remove shows too, and under graphs
-with the matmuls' epilogue fusions off (rose.ops.kernels.FUSED_EPILOGUES) and with SwiGLU's alone
-off (`fused_swiglu="off"`), what they save. Prints a Markdown table and a JSON line; `--kernels N`
-adds the N costliest kernels and each matmul shape's TFLOP/s, to tell which product lags.
+with the matmuls' epilogue fusions off (rose.ops.kernels.FUSED_EPILOGUES) and with quack's alone
+off (`fused_swiglu="off"`, `fused_qk_rope="off"`), what they save. Prints a Markdown table and a
+JSON line; `--kernels N` adds the N costliest kernels and each matmul shape's TFLOP/s, to tell
+which product lags.
 """
 
 from __future__ import annotations
@@ -87,12 +88,12 @@ def measured_peaks() -> dict[str, float]:
 
 
 def floors(
-    config: dict, steps: list[list[list[int]]], peaks: dict[str, float], fp8_matmuls: bool, fused_swiglu: bool
+    config: dict, steps: list[list[list[int]]], peaks: dict[str, float], fp8_matmuls: bool, fused: set[str]
 ) -> dict[str, float]:  # fmt: skip
     """Milliseconds a step each part needs at least: matmul and attention FLOPs at the GEMM peak;
     the elementwise kernels' bytes (norms with their residual adds, the activation unless the
-    gate/up product applies it (`fused_swiglu`), RoPE; 2-byte values read and written once each)
-    at the copy bandwidth."""
+    gate/up product applies it, RoPE unless the QKV product applies it with QK-norm; `fused` names
+    the quack kernels in use; 2-byte values read and written once each) at the copy bandwidth."""
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or hidden // heads
@@ -104,8 +105,9 @@ def floors(
     squares = sum(len(s) ** 2 for step in steps for s in step) / len(steps)
     causal = 0.5 if gated else 1.0
     peak = (peaks["fp8_tflops"] if fp8_matmuls else peaks["bf16_tflops"]) * 1e12
-    activation = 0 if gated and fused_swiglu else (6 if gated else 4) * inter
-    elementwise = tokens * layers * (2 * hidden * 8 + activation + (heads + kv) * head_dim * 4)
+    activation = 0 if gated and "fused SwiGLU" in fused else (6 if gated else 4) * inter
+    rope = 0 if "fused QK-norm and RoPE" in fused else (heads + kv) * head_dim * 4
+    elementwise = tokens * layers * (2 * hidden * 8 + activation + rope)
     return {
         "matrix products": 2 * tokens * params * layers / peak * 1e3,
         "attention": 4 * squares * heads * head_dim * layers * causal / (peaks["bf16_tflops"] * 1e12) * 1e3,
@@ -173,13 +175,14 @@ def main() -> None:
     timed = {}
     # The last engine is the profiled one: graphs off, epilogues fused as served.
     # (With the epilogues off the fused SwiGLU cannot apply, so that run does not load it.)
-    runs = (("unfused", "lazy", False, "off"), ("swiglu unfused", "lazy", True, "off"), ("lazy", "lazy", True, "auto"),
+    runs = (("unfused", "lazy", False, "off"), ("quack unfused", "lazy", True, "off"), ("lazy", "lazy", True, "auto"),
             ("off", "off", True, "auto"))  # fmt: skip
-    for name, graphs, fused, swiglu in runs:
+    for name, graphs, fused, quack in runs:
         kernels.FUSED_EPILOGUES = fused
         engine = rose.Engine(folder, device=args.device, dtype=args.dtype, cuda_graphs=graphs, verify=False,
-                             fused_swiglu=swiglu)  # fmt: skip
-        engine.swiglu.wait()  # loaded before the steps, as a server has it after its first large ones
+                             fused_swiglu=quack, fused_qk_rope=quack)  # fmt: skip
+        for kernel in (engine.swiglu, engine.qk_rope):
+            kernel.wait()  # loaded before the steps, as a server has them after its first large ones
         if name == "lazy":
             graphed = engine
         for _ in range(2):
@@ -205,14 +208,16 @@ def main() -> None:
         print(json.dumps({"under graphs": grouped(replayed, len(steps))}))
         print_costliest(replayed, len(steps), args.kernels, "graphs")
     kernel_ms = grouped(prof, len(steps))
-    floor = floors(config, steps, peaks, args.dtype == "fp8", engine.swiglu.state == "ready")
+    quack = {k.name: k.state for k in (engine.swiglu, engine.qk_rope)}
+    ready = {name for name, state in quack.items() if state == "ready"}
+    floor = floors(config, steps, peaks, args.dtype == "fp8", ready)
     busy = sum(kernel_ms.values())
     rows = dict(sorted(kernel_ms.items(), key=lambda kv: -kv[1]))
     rows["host gaps (eager)"] = max(0.0, timed["off"] - busy)
     rows["host gaps (graphs)"] = max(0.0, timed["lazy"] - busy)
     print(f"{floor['tokens_per_step']:.0f} tokens a step; step {timed['lazy']:.2f} ms under graphs, "
           f"{timed['off']:.2f} ms eager, {timed['unfused']:.2f} ms under graphs with the epilogues unfused, "
-          f"{timed['swiglu unfused']:.2f} with SwiGLU's alone unfused (fused: {engine.swiglu.state}); "
+          f"{timed['quack unfused']:.2f} with quack's kernels alone off ({quack}); "
           f"peaks {json.dumps({k: round(v, 1) for k, v in peaks.items()})}")  # fmt: skip
     print("| part | ms a step | share | floor ms |\n|---|---|---|---|")
     for name, ms in rows.items():

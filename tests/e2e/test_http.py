@@ -120,6 +120,9 @@ def test_info_health_and_metrics(server: Server) -> None:
     swiglu = info["engine"]["fused_swiglu"]
     assert (swiglu["mode"], swiglu["state"]) == ("auto", "unsupported")
     assert swiglu["why"] == "the model has no 16-bit SwiGLU product"
+    qk_rope = info["engine"]["fused_qk_rope"]  # --fused-qk-rope auto: MiniLM has no QK-norm
+    assert (qk_rope["mode"], qk_rope["state"], qk_rope["weight_copy_bytes"]) == ("auto", "unsupported", 0)
+    assert qk_rope["why"] == "the model has no 16-bit QKV product with per-head QK-norm"
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
     post(server, "/embed", {"inputs": "warm the counters"})
     metrics = requests.get(f"{server.url}/metrics", timeout=10).text

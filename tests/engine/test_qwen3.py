@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rose
-from rose.ops import kernels
+from rose.ops import fused_qk_rope, kernels
 from support import QWEN3_SEQUENCES as SEQUENCES
 from support import cosines, save_qwen3, transformers_pooled
 
@@ -53,3 +53,26 @@ def test_torch_kernels_follow_transformers() -> None:
     kernels.apply_rope(q, k, positions, cache)
     torch.testing.assert_close(q, eq[0].transpose(0, 1))
     torch.testing.assert_close(k, ek[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
+def test_the_fused_qkv_layout_keeps_the_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bidirectional: bool):
+    """The fused QK-norm and RoPE's weight copies, per-column vectors and pair order
+    (rose.ops.fused_qk_rope), with its arithmetic in torch standing in for quack's kernel (which
+    tests/gpu/test_fused_qk_rope.py checks against the same arithmetic): every step takes it."""
+    engine = rose.Engine(save_qwen3(tmp_path / "q", "tiny", bidirectional), device="cpu")
+    unfused = engine.embed_ids(SEQUENCES)
+    shape, calls = engine.model.qkv_shape, []
+
+    def stand_in(*args: torch.Tensor) -> torch.Tensor:
+        calls.append(len(args[0]))
+        return fused_qk_rope.reference(*args, shape).to(args[0].dtype)
+
+    monkeypatch.setattr(fused_qk_rope, "MIN_TOKENS", 1)
+    engine.model.use_fused_qkv(stand_in)
+    fused = engine.embed_ids(SEQUENCES)
+    assert len(calls) == engine.model_dir.config["num_hidden_layers"]
+    assert cosines(fused, unfused).min() >= 0.99999
+    np.testing.assert_allclose(fused, unfused, rtol=1e-4, atol=1e-5)
+    engine.model.use_fused_qkv(None)
+    np.testing.assert_array_equal(engine.embed_ids(SEQUENCES), unfused)

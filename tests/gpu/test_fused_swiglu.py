@@ -14,12 +14,13 @@ import torch
 
 import rose
 from rose.ops import kernels
-from rose.ops.fused_swiglu import MIN_TOKENS, compile_for, why_unsupported
+from rose.ops.fused_swiglu import MIN_TOKENS, compile_for
+from rose.ops.large_steps import quack_unsupported
 from support import cosines, save_qwen3
 
 GPU = torch.device("cuda")
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or why_unsupported(GPU, torch.bfloat16) is not None,
+    not torch.cuda.is_available() or quack_unsupported(GPU, torch.bfloat16) is not None,
     reason="needs a GPU that runs quack's gated GEMM (compute capability 9.x or 10.x) and quack-kernels",
 )
 
@@ -59,9 +60,9 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
     docs = documents()
     assert sum(map(len, docs)) >= MIN_TOKENS
-    engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768)
+    engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_qk_rope="off")
     loaded, load = threading.Event(), engine.swiglu._load
-    engine.swiglu._load = lambda *args: loaded.wait(120) and load(*args)  # held until the graph is captured
+    engine.swiglu._load = lambda: loaded.wait(120) and load()  # held until the graph is captured
     unfused = [engine.embed_ids(docs) for _ in range(2)]  # the bucket's eager run, then its capture
     assert engine.swiglu.state == "loading"
     loaded.set()
@@ -82,7 +83,9 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
     assert cosines(fused[1], fused[2]).min() > 0.99999  # the replay is the capture's run
     assert cosines(fused[0], unfused[0]).min() > 0.999
 
-    off = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off")
+    off = rose.Engine(
+        folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off", fused_qk_rope="off"
+    )
     off.embed_ids(docs)
     assert off.swiglu.state == "off" and off.model.fused_swiglu is None
 
@@ -90,9 +93,9 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
 def test_an_engine_refuses_a_kernel_that_fails_the_fidelity_check(tmp_path: Path) -> None:
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
     docs = documents()
-    engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768)
+    engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_qk_rope="off")
     # A "kernel" whose activations are all 3: every token gets the same added vector.
-    engine.swiglu._load = lambda shape, dtype, device: lambda x, w: x.new_full((len(x), shape[0] // 2), 3.0)
+    engine.swiglu._load = lambda: lambda x, w: x.new_full((len(x), w.shape[0] // 2), 3.0)
     before = engine.embed_ids(docs)  # starts the loading
     engine.swiglu.wait()
     after = engine.embed_ids(docs)  # handed over, checked, refused

@@ -79,6 +79,14 @@ pub struct EngineArgs {
           help_heading = heading::SERVING)]
     pub fused_swiglu: String,
 
+    /// Qwen3's per-head QK-norm and RoPE inside the QKV product's epilogue on large steps (a quack
+    /// GEMM, Hopper and Blackwell; loaded in the background like the fused SwiGLU). It reads a copy
+    /// of the QKV weights: auto or off. /info's engine.fused_qk_rope says where it stands and what
+    /// the copy costs.
+    #[arg(long, env = "FUSED_QK_ROPE", default_value = "auto", value_parser = ["auto", "off"],
+          help_heading = heading::SERVING)]
+    pub fused_qk_rope: String,
+
     /// What the model is served for: auto (score for a *ForSequenceClassification folder, else
     /// embed), embed, or score (a cross-encoder, or a causal reranker such as Qwen3-Reranker,
     /// which is published as a plain causal LM).
@@ -133,6 +141,7 @@ impl Rose {
                 kwargs.set_item("fused_decoder", &args.fused_decoder)?;
                 kwargs.set_item("shared_prefix", args.shared_prefix == "on")?;
                 kwargs.set_item("fused_swiglu", &args.fused_swiglu)?;
+                kwargs.set_item("fused_qk_rope", &args.fused_qk_rope)?;
                 kwargs.set_item("task", &args.task)?;
                 kwargs.set_item("default_instruction", &args.default_instruction)?;
                 kwargs.set_item("inject_faults", &args.inject_faults)?;

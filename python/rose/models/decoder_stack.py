@@ -13,7 +13,8 @@ from rose.attention import AttentionBackend, AttentionSpec
 from rose.batch import RaggedBatch
 from rose.errors import ModelError
 from rose.models.layers import Linear, Weights, add_linear_rmsnorm, swiglu
-from rose.ops import kernels
+from rose.ops import fused_qk_rope, kernels
+from rose.ops.fused_qk_rope import FusedQkv, QkvProduct, QkvShape
 from rose.ops.fused_swiglu import GatedProduct
 
 
@@ -46,6 +47,8 @@ class DecoderStack:
     """Whether each layer norms q and k per head before RoPE (Qwen3)."""
     fused_swiglu: GatedProduct | None = None
     """The gate/up product with SwiGLU in its epilogue, once the engine has loaded it."""
+    fused_qkv: FusedQkv | None = None
+    """The QKV product with QK-norm and RoPE in its epilogue, once the engine has loaded it."""
 
     def __init__(
         self,
@@ -68,6 +71,7 @@ class DecoderStack:
         self.rope = kernels.rope_cache(
             head_dim, config.get("max_position_embeddings", 32768), rope_theta(config), device
         )
+        self.inv_freq = kernels.rope_inv_freq(head_dim, rope_theta(config))
 
         w = Weights(weights, dtype, device, matmul_dtype or dtype)
         linear = w.linear
@@ -95,29 +99,62 @@ class DecoderStack:
         """The fused gate/up weight's shape [2 * intermediate, hidden] (rose.ops.fused_swiglu)."""
         return tuple(self.layers[0].gate_up.weight.shape)
 
+    @property
+    def qkv_shape(self) -> QkvShape | None:
+        """The attention projection, where rose.ops.fused_qk_rope can fuse its QK-norm and RoPE (a
+        16-bit product without a bias); else None."""
+        qkv = self.layers[0].qkv
+        if not self.qk_norm or not isinstance(qkv, Linear) or not qkv.plain or qkv.bias is not None:
+            return None
+        spec = self.attention_spec
+        return QkvShape(spec.num_heads, spec.num_kv_heads, spec.head_dim, self.hidden, self.eps)
+
+    def use_fused_qkv(self, product: QkvProduct | None) -> None:
+        """Large steps take `product` (bound to the layers' weight copies), or the unfused path."""
+        self.fused_qkv = None
+        if product is not None:
+            layers = [(layer.qkv.weight, layer.q_norm, layer.k_norm) for layer in self.layers]
+            self.fused_qkv = FusedQkv(product, self.qkv_shape, self.inv_freq, layers)
+
     def forward(
         self, batch: RaggedBatch, attention: AttentionBackend, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """[tokens] ids -> [tokens, hidden] states after the final norm, or only `rows`' states
         (the last layer's work past attention done for those rows alone)."""
-        spec = self.attention_spec
         residual = self.embed_tokens[batch.input_ids]  # the gather's own copy, added to in place
         h = kernels.rmsnorm(residual, self.layers[0].input_norm, self.eps)
+        fused_qkv = self.fused_qkv if batch.num_tokens >= fused_qk_rope.MIN_TOKENS else None
+        positions = batch.positions.float() if fused_qkv is not None else None
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(h)
-            out = None
-            if layer.q_norm is not None:  # QK-norm, RoPE and attention in one launch where it can
-                out = attention.norm_rope_attention(qkv, layer.q_norm, layer.k_norm, self.eps, self.rope)
-            if out is None:
-                q, k = self._rotated(qkv, layer, batch)
-                v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
-                out = attention(q, k, v)
+            out = self._attention(i, h, batch, attention, fused_qkv, positions)
             if rows is not None and layer is self.layers[-1]:
                 out, residual = out[rows], residual[rows]
             h = add_linear_rmsnorm(layer.o, out.reshape(-1, self.q_size), residual, layer.post_norm, self.eps)
             after = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             h = add_linear_rmsnorm(layer.down, swiglu(layer.gate_up, h, self.fused_swiglu), residual, after, self.eps)
         return h
+
+    def _attention(self, i: int, h: torch.Tensor, batch: RaggedBatch, attention: AttentionBackend,
+                   fused_qkv: FusedQkv | None, positions: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """Layer i's attention over its normed input h: [tokens, heads, dim]."""
+        spec, layer = self.attention_spec, self.layers[i]
+        if fused_qkv is not None:  # q and k come normed and rotated, in pair order
+            qkv = fused_qkv(i, h, positions)
+            return attention(*(qkv[:, a:b].unflatten(1, (-1, spec.head_dim)) for a, b in self._qkv_columns))
+        qkv = layer.qkv(h)
+        if layer.q_norm is not None:  # QK-norm, RoPE and attention in one launch where it can
+            out = attention.norm_rope_attention(qkv, layer.q_norm, layer.k_norm, self.eps, self.rope)
+            if out is not None:
+                return out
+        q, k = self._rotated(qkv, layer, batch)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, spec.head_dim)
+        return attention(q, k, v)
+
+    @property
+    def _qkv_columns(self) -> tuple[tuple[int, int], ...]:
+        """Where q, k and v lie in the fused projection's columns."""
+        qk = self.q_size + self.kv_size
+        return (0, self.q_size), (self.q_size, qk), (qk, qk + self.kv_size)
 
     def _rotated(self, qkv: torch.Tensor, layer: _Layer, batch: RaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """q [tokens, heads, dim] and k [tokens, kv_heads, dim] out of the fused projection, normed

@@ -114,10 +114,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """[head_dim / 2] float32: RoPE's angle per position of each rotated pair, as transformers
+    computes it."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
 def rope_cache(head_dim: int, max_positions: int, theta: float, device: torch.device) -> torch.Tensor:
     """[max_positions, head_dim] float32: cos of each position's angles, then their sin."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(head_dim, theta))
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
 
 

@@ -8,7 +8,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,9 @@ from rose.models.multi_vector import expansion_key_lengths, token_head
 from rose.models.pooling import pooled_forward
 from rose.models.sparse import SpladeHead
 from rose.ops.fp8 import fp8_layers
-from rose.ops.fused_swiglu import MIN_TOKENS as FUSED_SWIGLU_MIN_TOKENS
-from rose.ops.fused_swiglu import FusedSwiglu
+from rose.ops.fused_qk_rope import qk_rope_kernel
+from rose.ops.fused_swiglu import swiglu_kernel
+from rose.ops.large_steps import LargeStepKernel
 from rose.runtime.background import in_background
 from rose.runtime.buckets import parse_warmup, warmup_lengths
 from rose.runtime.heap import start_trimming
@@ -77,6 +78,7 @@ class Engine:
         inject_faults: str | None = None,
         shared_prefix: bool = True,
         fused_swiglu: str = "auto",
+        fused_qk_rope: str = "auto",
     ) -> None:
         marks = [time.perf_counter()]
         start_trimming()
@@ -133,11 +135,13 @@ class Engine:
         # last token, which it scores, is always a pair's own).
         causal_last = spec.causal and spec.window is None and self.pooling == "last"
         self.shared_prefix = bool(shared_prefix and self.scoring and causal_last)
-        # A decoder's gate/up product with SwiGLU in its epilogue, for large steps; loaded on a
-        # thread when the first one comes (rose.ops.fused_swiglu).
+        # A decoder's gate/up product with SwiGLU in its epilogue and QKV product with QK-norm and
+        # RoPE in its, for large steps; loaded on a thread when the first one comes (rose.ops.large_steps).
         sixteen_bit = self.matmul_dtype == self.dtype
-        self.swiglu = FusedSwiglu(fused_swiglu, getattr(self.model, "swiglu_shape", None) if sixteen_bit else None,
-                                  self.dtype, self.device)  # fmt: skip
+        self.swiglu = swiglu_kernel(fused_swiglu, getattr(self.model, "swiglu_shape", None) if sixteen_bit else None,
+                                    self.dtype, self.device)  # fmt: skip
+        self.qk_rope = qk_rope_kernel(fused_qk_rope, getattr(self.model, "qkv_shape", None) if sixteen_bit else None,
+                                      self.dtype, self.device)  # fmt: skip
         self.gpu: CudaSteps | None = None
         if on_gpu:
             self.gpu = CudaSteps(self.device, self.max_batch_tokens, self.max_batch_requests, cuda_graphs,
@@ -334,7 +338,9 @@ class Engine:
             auto = self.attention if isinstance(self.attention, AutoBackend) else None
             self.startup.before_step(len(ids), auto is not None and auto.takes_small(len(ids)))
         if self.swiglu.before_step(len(ids)):
-            self._take_fused_swiglu()
+            self._take_fused(self.swiglu, lambda kernel: setattr(self.model, "fused_swiglu", kernel))
+        if self.qk_rope.before_step(len(ids)):
+            self._take_fused(self.qk_rope, self.model.use_fused_qkv)
         forward = self._token_rows if per_token else self._forward
         head = None if per_token else head
         if head is not None and self.shared_prefix and types is None:
@@ -351,17 +357,18 @@ class Engine:
         smallest = None if per_token else self.smallest_bucket
         return self.gpu.step(ids, cu, attention, forward, smallest, self.max_input_length, types, head, per_token)
 
-    def _take_fused_swiglu(self) -> None:
-        """Large steps take the fused SwiGLU just loaded (their graphs captured again), unless the
-        fidelity check of such a step finds the states diverging with it (a 16-bit path, like
-        the one it replaces: scores alone missing their bound are that rounding's, not the kernel's)."""
-        self.model.fused_swiglu = self.swiglu.kernel
-        self.gpu.forget_graphs(FUSED_SWIGLU_MIN_TOKENS)
-        verdict = self.startup.check_large(FUSED_SWIGLU_MIN_TOKENS, f"{self.path}, fused SwiGLU")
+    def _take_fused(self, fused: LargeStepKernel, install: Callable[[Any], None]) -> None:
+        """Large steps take the kernel just loaded (`install` hands it to the model; their graphs are
+        captured again), unless the fidelity check of such a step finds the states diverging with
+        it (a 16-bit path, like the one it replaces: scores alone missing their bound are that
+        rounding's, not the kernel's)."""
+        install(fused.kernel)
+        self.gpu.forget_graphs(fused.min_tokens)
+        verdict = self.startup.check_large(fused.min_tokens, f"{self.path}, {fused.name}")
         if verdict is not None and not verdict.states_hold:
-            self.model.fused_swiglu = None
-            self.gpu.forget_graphs(FUSED_SWIGLU_MIN_TOKENS)
-            self.swiglu.reject(f"{verdict.describe()} against float32 on large steps")
+            install(None)
+            self.gpu.forget_graphs(fused.min_tokens)
+            fused.reject(f"{verdict.describe()} against float32 on large steps")
 
     def _key_sharing_attention(self) -> AttentionBackend | None:
         """The engine's backend that attends to gathered keys (auto's FlashInfer one), if any."""

@@ -16,6 +16,7 @@ def stats(engine: Engine) -> dict[str, Any]:
     """The engine's live state: graphs, fidelity, and the GPU's idle share between the steps finished
     since the last call."""
     auto = engine.attention if isinstance(engine.attention, AutoBackend) else None
+    fused_qkv = getattr(engine.model, "fused_qkv", None)
     out: dict[str, Any] = {
         "attention_backend": engine.attention.name,
         "attention_deferred": auto.deferred if auto else [],
@@ -35,6 +36,7 @@ def stats(engine: Engine) -> dict[str, Any]:
             "tokens_saved": engine.prefix_tokens_saved,
         },
         "fused_swiglu": engine.swiglu.describe(),
+        "fused_qk_rope": {**engine.qk_rope.describe(), "weight_copy_bytes": fused_qkv.bytes if fused_qkv else 0},
         "steps": engine.steps_served,
         "oom_splits": engine.oom_splits,
         "injected_faults": engine.faults.describe() if engine.faults else None,

@@ -1,0 +1,120 @@
+"""The fused QK-norm and RoPE (quack's GEMM with ROSE's epilogue, rose.ops.fused_qk_rope) on a GPU
+that runs it: the kernel against its arithmetic in float32 at the step sizes that take it and at
+far positions, eager and replayed from a CUDA graph; its frequency table against quack's own; an
+engine's large steps through it, within the fidelity bound of the float32 reference and beside the
+unfused path, the graphs of large buckets captured again once it has loaded."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rose
+from rose.ops import kernels
+from rose.ops.fused_qk_rope import MIN_TOKENS, QkvShape, compile_for, interleaved_freq, qk_keep, reference
+from rose.ops.large_steps import quack_unsupported
+from support import cosines, save_qwen3
+
+GPU = torch.device("cuda")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or quack_unsupported(GPU, torch.bfloat16) is not None,
+    reason="needs a GPU that runs quack's GEMMs (compute capability 9.x or 10.x) and quack-kernels",
+)
+QWEN3 = QkvShape(heads=16, kv_heads=8, head_dim=128, hidden=1024, eps=1e-6)  # Qwen3-0.6B
+
+
+def test_the_frequencies_are_quacks_layout() -> None:
+    from quack.epilogue.rotary import make_interleaved_inv_freq
+
+    inv_freq = kernels.rope_inv_freq(QWEN3.head_dim, 1e6)
+    ours = interleaved_freq(inv_freq, QWEN3)
+    theirs = make_interleaved_inv_freq(inv_freq.double(), QWEN3.qk_rows, QWEN3.rows - QWEN3.qk_rows)
+    torch.testing.assert_close(ours, theirs.float().cpu(), rtol=0, atol=0)
+
+
+def test_the_kernel_matches_float32_eager_and_under_a_graph() -> None:
+    fused = compile_for(QWEN3, torch.bfloat16, GPU)
+    torch.manual_seed(0)
+    weight = (torch.randn(QWEN3.rows, QWEN3.hidden, device="cuda") * QWEN3.hidden**-0.5).bfloat16()
+    freq = interleaved_freq(kernels.rope_inv_freq(QWEN3.head_dim, 1e6).cuda(), QWEN3)
+    norm, keep = 1 + 0.1 * torch.randn(QWEN3.rows, device="cuda"), qk_keep(QWEN3, GPU)
+    for tokens in (MIN_TOKENS, MIN_TOKENS + 64, 16384):
+        x = torch.randn(tokens, QWEN3.hidden, device="cuda", dtype=torch.bfloat16)
+        positions = torch.randint(0, 32768, (tokens,), device="cuda").float()
+        want = reference(x, weight, positions, freq, norm, keep, QWEN3)
+        got = fused(x, weight, positions, freq, norm, keep).float()
+        error = float((got - want).norm() / want.norm())
+        assert error < 1e-2, (tokens, error)
+        per_row = torch.nn.functional.cosine_similarity(got.unflatten(1, (-1, 128)), want.unflatten(1, (-1, 128)), -1)
+        assert per_row.min() > 0.999, (tokens, float(per_row.min()))
+    args = (x, weight, positions, freq, norm, keep)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        captured = fused(*args)
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    x.copy_(torch.randn_like(x))
+    positions.copy_(torch.randint_like(positions, 0, 512))
+    graph.replay()
+    torch.testing.assert_close(captured, fused(*args), rtol=0, atol=0)
+
+
+def documents() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(1000, 30000, size=int(n)).tolist() for n in rng.integers(32, 513, size=64)]
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
+def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path, bidirectional: bool) -> None:
+    folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=bidirectional)
+    docs = documents()
+    assert sum(map(len, docs)) >= MIN_TOKENS
+    engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off")
+    loaded, load = threading.Event(), engine.qk_rope._load
+    engine.qk_rope._load = lambda: loaded.wait(120) and load()  # held until the graph is captured
+    unfused = [engine.embed_ids(docs) for _ in range(2)]  # the bucket's eager run, then its capture
+    assert engine.qk_rope.state == "loading"
+    loaded.set()
+    engine.qk_rope.wait()
+    fused = [engine.embed_ids(docs)]  # handed over: the bucket's graph forgotten, an eager run
+    info = engine.stats()["fused_qk_rope"]
+    assert info["state"] == "ready", info
+    assert info["weight_copy_bytes"] == 2 * QWEN3.rows * QWEN3.hidden * 2  # two layers' QKV in bf16
+    assert engine.stats()["cuda_graphs"]["forgotten"] == 1
+    assert engine.fidelity["large_batches"]["worst_cosine"] >= 0.999  # checked on a large step when handed over
+    product, calls = engine.model.fused_qkv.product, []
+    engine.model.fused_qkv.product = lambda x, *args: calls.append(len(x)) or product(x, *args)
+    fused += [engine.embed_ids(docs) for _ in range(2)]  # captured, then replayed
+    assert calls == [calls[0]] * 2 and calls[0] >= MIN_TOKENS  # each layer's in the capture, none on replay
+    reference_vectors = engine.reference(docs)
+    for vectors in unfused + fused:
+        assert cosines(vectors, reference_vectors).min() >= 0.999
+    assert cosines(fused[1], fused[2]).min() > 0.99999  # the replay is the capture's run
+    assert cosines(fused[0], unfused[0]).min() > 0.999
+
+    off = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_qk_rope="off")
+    off.embed_ids(docs)
+    assert off.qk_rope.state == "off" and off.model.fused_qkv is None
+
+
+def test_an_engine_refuses_a_kernel_that_fails_the_fidelity_check(tmp_path: Path) -> None:
+    folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
+    docs = documents()
+    engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off")
+    # A "kernel" whose q, k and v are all 0: attention adds nothing to any token.
+    engine.qk_rope._load = lambda: lambda x, weight, *vectors: x.new_zeros(len(x), len(weight))
+    before = engine.embed_ids(docs)  # starts the loading
+    engine.qk_rope.wait()
+    after = engine.embed_ids(docs)  # handed over, checked, refused
+    state = engine.qk_rope.describe()
+    assert state["state"] == "failed" and "against float32 on large steps" in state["why"], state
+    assert engine.model.fused_qkv is None
+    assert engine.fidelity["large_batches"]["worst_cosine"] < 0.999
+    assert cosines(after, before).min() > 0.9999
