@@ -481,20 +481,22 @@ def save_cross_encoder(folder: Path, family: str = "bert") -> Path:
     return folder
 
 
-def save_qwen3_reranker(folder: Path) -> Path:
-    """A random Qwen3ForCausalLM in the tiny shape, published as Qwen3-Reranker is (a causal LM
-    with its LM head; served with --task score), all-MiniLM-L6-v2's tokenizer ("yes" and "no" in it)."""
+def save_qwen3_reranker(folder: Path, shape: str = "tiny") -> Path:
+    """A random Qwen3ForCausalLM in a QWEN3_SHAPES shape, published as Qwen3-Reranker is (a causal
+    LM with its LM head; served with --task score), all-MiniLM-L6-v2's tokenizer ("yes" and "no" in
+    it)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(4)
-    config = Qwen3Config(**QWEN3_SHAPES["tiny"], tie_word_embeddings=False,
+    config = Qwen3Config(**QWEN3_SHAPES[shape], tie_word_embeddings=False,
                          rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})  # fmt: skip
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
-        model.lm_head.weight.mul_(20)  # yes-minus-no logits that spread the scores
+        # yes-minus-no logits that spread the scores (the final norm's output grows with the width)
+        model.lm_head.weight.mul_(20 * (64 / config.hidden_size) ** 0.5)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     (folder / "tokenizer.json").write_bytes((rose.default_model_path() / "tokenizer.json").read_bytes())
@@ -532,26 +534,36 @@ def classifier_logits(folder: Path, pairs: list[tuple[list[int], list[int]]]) ->
     return torch.stack(rows).numpy()
 
 
-def qwen3_reranker_scores(folder: Path, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
-    """Qwen3-Reranker's published scoring, on transformers' Qwen3ForCausalLM in float32: each pair
-    rendered into its prompt, the content truncated to fit, sigmoid(logit_yes - logit_no) at the
-    last token."""
-    from transformers import Qwen3ForCausalLM
-
+def qwen3_reranker_prompts(
+    folder: Path, query: str, documents: list[str], instruction: str | None = None
+) -> list[list[int]]:
+    """Each pair rendered into Qwen3-Reranker's published prompt, the content truncated to fit."""
     from rose.serving.task import QWEN3_RERANKER_TEMPLATE as t
 
     tokenizer = plain_tokenizer(folder)
     plain = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     prefix, suffix = plain(t["prefix"]), plain(t["suffix"])
     limit = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
-    yes, no = tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")
-    model = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    scores = []
+    rendered = []
     for document in documents:
         content = t["content"].format(
             instruction=instruction or t["default_instruction"], query=query, document=document
         )
-        ids = prefix + plain(content)[: limit - len(prefix) - len(suffix)] + suffix
+        rendered.append(prefix + plain(content)[: limit - len(prefix) - len(suffix)] + suffix)
+    return rendered
+
+
+def qwen3_reranker_scores(folder: Path, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
+    """Qwen3-Reranker's published scoring, on transformers' Qwen3ForCausalLM in float32: each pair
+    rendered into its prompt (`qwen3_reranker_prompts`), sigmoid(logit_yes - logit_no) at the last
+    token."""
+    from transformers import Qwen3ForCausalLM
+
+    tokenizer = plain_tokenizer(folder)
+    yes, no = tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")
+    model = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    scores = []
+    for ids in qwen3_reranker_prompts(folder, query, documents, instruction):
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
         scores.append(torch.sigmoid(logits[yes] - logits[no]).item())

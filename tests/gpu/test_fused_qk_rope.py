@@ -17,7 +17,7 @@ import rose
 from rose.ops import kernels
 from rose.ops.fused_qk_rope import MIN_TOKENS, QkvShape, compile_for, interleaved_freq, qk_keep, reference
 from rose.ops.large_steps import quack_unsupported
-from support import cosines, save_qwen3
+from support import cosines, qwen3_reranker_prompts, qwen3_reranker_scores, save_qwen3, save_qwen3_reranker
 
 GPU = torch.device("cuda")
 pytestmark = pytest.mark.skipif(
@@ -118,3 +118,29 @@ def test_an_engine_refuses_a_kernel_that_fails_the_fidelity_check(tmp_path: Path
     assert engine.model.fused_qkv is None
     assert engine.fidelity["large_batches"]["worst_cosine"] < 0.999
     assert cosines(after, before).min() > 0.9999
+
+
+def test_a_qwen3_reranker_takes_it_on_its_shared_prefix_steps(tmp_path: Path) -> None:
+    """A large score step whose pairs share the prompt's head: the head as a sequence of its own,
+    the rest attending to its keys, all from the fused product; scores within 1e-2 of float32."""
+    query = "What does a vector database store?"
+    docs = [f"Document {i}: " + "vectors and indexes " * (i % 40 + 1) for i in range(100)]
+    folder = save_qwen3_reranker(tmp_path / "qwen3-reranker", "0.6b-2l")
+    engine = rose.Engine(folder, device="cuda", task="score", fused_swiglu="off")
+    rendered = qwen3_reranker_prompts(folder, query, docs)
+    assert sum(map(len, rendered)) >= MIN_TOKENS
+    unfused = engine.embed_ids(rendered)[:, 0]  # starts the loading
+    engine.qk_rope.wait()
+    engine.embed_ids(rendered)  # handed over
+    assert engine.qk_rope.state == "ready", engine.qk_rope.describe()
+    product, calls = engine.model.fused_qkv.product, []
+    engine.model.fused_qkv.product = lambda x, *args: calls.append(len(x)) or product(x, *args)
+    steps = engine.prefix_steps
+    fused = engine.embed_ids(rendered)[:, 0]
+    assert engine.prefix_steps > steps and calls and min(calls) >= MIN_TOKENS
+    expected = qwen3_reranker_scores(folder, query, docs)
+    for logits in (unfused, fused):
+        scores = 1 / (1 + np.exp(-logits))
+        assert np.abs(scores - expected).max() <= 1e-2
+        order = np.argsort(-scores, kind="stable")
+        assert all(expected[a] >= expected[b] - 1e-2 for a, b in zip(order, order[1:], strict=False))

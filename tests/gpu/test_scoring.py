@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 import rose
-from support import classifier_logits, pair_ids, plain_tokenizer, save_cross_encoder, save_qwen3_reranker
+from support import (
+    classifier_logits,
+    pair_ids,
+    qwen3_reranker_prompts,
+    qwen3_reranker_scores,
+    save_cross_encoder,
+    save_qwen3_reranker,
+)
 
 BOUND = 1e-2
 QUERY = "What does a vector database store?"
@@ -40,19 +47,9 @@ def test_cross_encoders_in_bf16_match_float32(tmp_path: Path, family: str) -> No
 
 
 def test_a_qwen3_reranker_in_bf16_matches_float32(tmp_path: Path) -> None:
-    from support import qwen3_reranker_scores
-
     folder = save_qwen3_reranker(tmp_path / "qwen3-reranker")
     engine = rose.Engine(folder, device="cuda", task="score")
-    from rose.serving.task import QWEN3_RERANKER_TEMPLATE as t
-
-    tokenizer = plain_tokenizer(folder)
-    ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
-    rendered = [
-        ids(t["prefix"]) + ids(t["content"].format(instruction=t["default_instruction"], query=QUERY, document=d))
-        + ids(t["suffix"])
-        for d in DOCS[:30]
-    ]  # fmt: skip
+    rendered = qwen3_reranker_prompts(folder, QUERY, DOCS[:30])
     logits = engine.embed_ids(rendered)[:, 0]
     in_order(1 / (1 + np.exp(-logits)), qwen3_reranker_scores(folder, QUERY, DOCS[:30]))
     # The pairs' common head (template, instruction, query) ran once, with FlashInfer's kernels.
