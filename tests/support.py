@@ -9,8 +9,9 @@ import os
 import random
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -715,3 +716,39 @@ def pylate_reference(folder: Path, queries: list[str], documents: list[str]) -> 
         "documents": [saved[f"d{i}"] for i in range(len(documents))],
         "scores": [saved["scores"][i] for i in range(len(queries))],
     }
+
+
+def large_step_documents() -> list[list[int]]:
+    """64 documents of 32-512 random token ids: one step of ~18k tokens, large enough for the
+    kernels of large steps (rose.ops.large_steps)."""
+    rng = np.random.default_rng(0)
+    return [rng.integers(1000, 30000, size=int(n)).tolist() for n in rng.integers(32, 513, size=64)]
+
+
+def through_a_loaded_kernel(
+    engine: rose.Engine, kernel: object, docs: list[list[int]], count: Callable[[], None]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A kernel for large steps (rose.ops.large_steps.LargeStepKernel) through its life in `engine`
+    on `docs`, one large bucket: the bucket's eager run and its capture while the kernel loads
+    (held until then), the hand-over (the bucket's graph forgotten, the fidelity check of a large
+    step, an eager run), then `count` (which wraps the kernel to count its calls), a capture and a
+    replay. Each run's vectors within the bound of the float32 reference; returns them, unfused and
+    fused."""
+    loaded, load = threading.Event(), kernel._load
+    kernel._load = lambda: loaded.wait(120) and load()
+    unfused = [engine.embed_ids(docs) for _ in range(2)]
+    assert kernel.state == "loading"
+    loaded.set()
+    kernel.wait()
+    fused = [engine.embed_ids(docs)]
+    assert kernel.state == "ready", kernel.describe()
+    assert engine.stats()["cuda_graphs"]["forgotten"] == 1
+    assert engine.fidelity["large_batches"]["worst_cosine"] >= 0.999
+    count()
+    fused += [engine.embed_ids(docs) for _ in range(2)]
+    reference = engine.reference(docs)
+    for vectors in unfused + fused:
+        assert cosines(vectors, reference).min() >= 0.999
+    assert cosines(fused[1], fused[2]).min() > 0.99999  # the replay is the capture's run
+    assert cosines(fused[0], unfused[0]).min() > 0.999
+    return unfused, fused

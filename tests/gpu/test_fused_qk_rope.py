@@ -6,7 +6,6 @@ unfused path, the graphs of large buckets captured again once it has loaded."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,15 @@ import rose
 from rose.ops import kernels
 from rose.ops.fused_qk_rope import MIN_TOKENS, QkvShape, compile_for, interleaved_freq, qk_keep, reference
 from rose.ops.large_steps import quack_unsupported
-from support import cosines, qwen3_reranker_prompts, qwen3_reranker_scores, save_qwen3, save_qwen3_reranker
+from support import (
+    cosines,
+    large_step_documents,
+    qwen3_reranker_prompts,
+    qwen3_reranker_scores,
+    save_qwen3,
+    save_qwen3_reranker,
+    through_a_loaded_kernel,
+)
 
 GPU = torch.device("cuda")
 pytestmark = pytest.mark.skipif(
@@ -66,38 +73,21 @@ def test_the_kernel_matches_float32_eager_and_under_a_graph() -> None:
     torch.testing.assert_close(captured, fused(*args), rtol=0, atol=0)
 
 
-def documents() -> list[list[int]]:
-    rng = np.random.default_rng(0)
-    return [rng.integers(1000, 30000, size=int(n)).tolist() for n in rng.integers(32, 513, size=64)]
-
-
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
 def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path, bidirectional: bool) -> None:
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=bidirectional)
-    docs = documents()
-    assert sum(map(len, docs)) >= MIN_TOKENS
+    docs = large_step_documents()
     engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off")
-    loaded, load = threading.Event(), engine.qk_rope._load
-    engine.qk_rope._load = lambda: loaded.wait(120) and load()  # held until the graph is captured
-    unfused = [engine.embed_ids(docs) for _ in range(2)]  # the bucket's eager run, then its capture
-    assert engine.qk_rope.state == "loading"
-    loaded.set()
-    engine.qk_rope.wait()
-    fused = [engine.embed_ids(docs)]  # handed over: the bucket's graph forgotten, an eager run
-    info = engine.stats()["fused_qk_rope"]
-    assert info["state"] == "ready", info
-    assert info["weight_copy_bytes"] == 2 * QWEN3.rows * QWEN3.hidden * 2  # two layers' QKV in bf16
-    assert engine.stats()["cuda_graphs"]["forgotten"] == 1
-    assert engine.fidelity["large_batches"]["worst_cosine"] >= 0.999  # checked on a large step when handed over
-    product, calls = engine.model.fused_qkv.product, []
-    engine.model.fused_qkv.product = lambda x, *args: calls.append(len(x)) or product(x, *args)
-    fused += [engine.embed_ids(docs) for _ in range(2)]  # captured, then replayed
+    calls = []
+
+    def count() -> None:
+        info = engine.stats()["fused_qk_rope"]
+        assert info["weight_copy_bytes"] == 2 * QWEN3.rows * QWEN3.hidden * 2  # two layers' QKV in bf16
+        product = engine.model.fused_qkv.product
+        engine.model.fused_qkv.product = lambda x, *args: calls.append(len(x)) or product(x, *args)
+
+    through_a_loaded_kernel(engine, engine.qk_rope, docs, count)
     assert calls == [calls[0]] * 2 and calls[0] >= MIN_TOKENS  # each layer's in the capture, none on replay
-    reference_vectors = engine.reference(docs)
-    for vectors in unfused + fused:
-        assert cosines(vectors, reference_vectors).min() >= 0.999
-    assert cosines(fused[1], fused[2]).min() > 0.99999  # the replay is the capture's run
-    assert cosines(fused[0], unfused[0]).min() > 0.999
 
     off = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_qk_rope="off")
     off.embed_ids(docs)
@@ -106,7 +96,7 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path, bid
 
 def test_an_engine_refuses_a_kernel_that_fails_the_fidelity_check(tmp_path: Path) -> None:
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
-    docs = documents()
+    docs = large_step_documents()
     engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off")
     # A "kernel" whose q, k and v are all 0: attention adds nothing to any token.
     engine.qk_rope._load = lambda: lambda x, weight, *vectors: x.new_zeros(len(x), len(weight))

@@ -5,10 +5,8 @@ path, the graphs of large buckets captured again once it has loaded."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,7 +14,7 @@ import rose
 from rose.ops import kernels
 from rose.ops.fused_swiglu import MIN_TOKENS, compile_for
 from rose.ops.large_steps import quack_unsupported
-from support import cosines, save_qwen3
+from support import cosines, large_step_documents, save_qwen3, through_a_loaded_kernel
 
 GPU = torch.device("cuda")
 pytestmark = pytest.mark.skipif(
@@ -51,37 +49,20 @@ def test_the_kernel_matches_float32_eager_and_under_a_graph() -> None:
     torch.testing.assert_close(captured, fused(x, weight), rtol=0, atol=0)
 
 
-def documents() -> list[list[int]]:
-    rng = np.random.default_rng(0)
-    return [rng.integers(1000, 30000, size=int(n)).tolist() for n in rng.integers(32, 513, size=64)]
-
-
 def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> None:
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
-    docs = documents()
-    assert sum(map(len, docs)) >= MIN_TOKENS
+    docs = large_step_documents()
     engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_qk_rope="off")
-    loaded, load = threading.Event(), engine.swiglu._load
-    engine.swiglu._load = lambda: loaded.wait(120) and load()  # held until the graph is captured
-    unfused = [engine.embed_ids(docs) for _ in range(2)]  # the bucket's eager run, then its capture
-    assert engine.swiglu.state == "loading"
-    loaded.set()
-    engine.swiglu.wait()
-    fused = [engine.embed_ids(docs)]  # handed over: the bucket's graph forgotten, an eager run
-    assert engine.swiglu.describe()["state"] == "ready", engine.swiglu.describe()
-    assert engine.stats()["cuda_graphs"]["forgotten"] == 1
-    assert engine.fidelity["large_batches"]["worst_cosine"] >= 0.999  # checked on a large step when handed over
-    kernel, calls = engine.model.fused_swiglu, []
-    engine.model.fused_swiglu = lambda x, w: calls.append(len(x)) or kernel(x, w)
-    fused += [engine.embed_ids(docs) for _ in range(2)]  # captured, then replayed
+    calls = []
+
+    def count() -> None:
+        kernel = engine.model.fused_swiglu
+        engine.model.fused_swiglu = lambda x, w: calls.append(len(x)) or kernel(x, w)
+
+    through_a_loaded_kernel(engine, engine.swiglu, docs, count)
     # The first layer's step in the capture, none on replay; last-token pooling runs the last
     # layer's MLP on the pooled rows alone, too few for the kernel (rose.models.pooling).
     assert len(calls) == 1 and calls[0] >= MIN_TOKENS
-    reference = engine.reference(docs)
-    for vectors in unfused + fused:
-        assert cosines(vectors, reference).min() >= 0.999
-    assert cosines(fused[1], fused[2]).min() > 0.99999  # the replay is the capture's run
-    assert cosines(fused[0], unfused[0]).min() > 0.999
 
     off = rose.Engine(
         folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_swiglu="off", fused_qk_rope="off"
@@ -92,7 +73,7 @@ def test_an_engine_takes_it_for_large_steps_within_the_bound(tmp_path: Path) -> 
 
 def test_an_engine_refuses_a_kernel_that_fails_the_fidelity_check(tmp_path: Path) -> None:
     folder = save_qwen3(tmp_path / "qwen3", "0.6b-2l", bidirectional=False)
-    docs = documents()
+    docs = large_step_documents()
     engine = rose.Engine(folder, device="cuda", dtype="bfloat16", max_batch_tokens=32768, fused_qk_rope="off")
     # A "kernel" whose activations are all 3: every token gets the same added vector.
     engine.swiglu._load = lambda: lambda x, w: x.new_full((len(x), w.shape[0] // 2), 3.0)
