@@ -56,10 +56,12 @@ class QkvShape:
 
     @property
     def qk_rows(self) -> int:
+        """q's and k's rows of the fused weight, first."""
         return (self.heads + self.kv_heads) * self.head_dim
 
     @property
     def rows(self) -> int:
+        """All its rows: q's, k's, then v's."""
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
 
@@ -104,7 +106,8 @@ def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, fr
 @functools.cache
 def _epilogue(eps: float):  # noqa: ANN202 - quack's EpiMod
     """quack's GEMM epilogue for `eps`. Its in-kernel rotation is the one quack's own
-    rope_posfreq epilogue uses (a float-float angle in turns, reduced exactly)."""
+    rope_posfreq epilogue uses (a float-float angle in turns, reduced exactly), through quack's
+    private helpers: a quack without them fails the load, and the unfused path keeps serving."""
     from quack.epilogue.frontend import gemm_epilogue, pack, unpack
     from quack.epilogue.head_rmsnorm import HeadRstd
     from quack.epilogue.ops import ColVecLoad, RowVecLoad
