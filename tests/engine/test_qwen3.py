@@ -13,7 +13,7 @@ import torch
 import rose
 from rose.ops import fused_qk_rope, kernels
 from support import QWEN3_SEQUENCES as SEQUENCES
-from support import cosines, save_qwen3, transformers_pooled
+from support import cosines, qwen3_reranker_prompts, save_qwen3, save_qwen3_reranker, transformers_pooled
 
 
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
@@ -55,13 +55,11 @@ def test_torch_kernels_follow_transformers() -> None:
     torch.testing.assert_close(k, ek[0].transpose(0, 1))
 
 
-@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
-def test_the_fused_qkv_layout_keeps_the_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bidirectional: bool):
-    """The fused QK-norm and RoPE's weight copies, per-column vectors and pair order
-    (rose.ops.fused_qk_rope), with its arithmetic in torch standing in for quack's kernel (which
-    tests/gpu/test_fused_qk_rope.py checks against the same arithmetic): every step takes it."""
-    engine = rose.Engine(save_qwen3(tmp_path / "q", "tiny", bidirectional), device="cpu")
-    unfused = engine.embed_ids(SEQUENCES)
+def fused_stand_in(engine: rose.Engine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every step of `engine` through the fused QK-norm and RoPE's weight copies, per-column
+    vectors and pair order (rose.ops.fused_qk_rope), with its arithmetic in torch standing in for
+    quack's kernel (which tests/gpu/test_fused_qk_rope.py checks against the same arithmetic).
+    Returns the list its calls' token counts go to."""
     shape, calls = engine.model.qkv_shape, []
 
     def stand_in(*args: torch.Tensor) -> torch.Tensor:
@@ -70,9 +68,33 @@ def test_the_fused_qkv_layout_keeps_the_vectors(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(fused_qk_rope, "MIN_TOKENS", 1)
     engine.model.use_fused_qkv(stand_in)
+    return calls
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
+def test_the_fused_qkv_layout_keeps_the_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bidirectional: bool):
+    engine = rose.Engine(save_qwen3(tmp_path / "q", "tiny", bidirectional), device="cpu")
+    unfused = engine.embed_ids(SEQUENCES)
+    calls = fused_stand_in(engine, monkeypatch)
     fused = engine.embed_ids(SEQUENCES)
     assert len(calls) == engine.model_dir.config["num_hidden_layers"]
     assert cosines(fused, unfused).min() >= 0.99999
     np.testing.assert_allclose(fused, unfused, rtol=1e-4, atol=1e-5)
     engine.model.use_fused_qkv(None)
     np.testing.assert_array_equal(engine.embed_ids(SEQUENCES), unfused)
+
+
+def test_the_fused_qkv_layout_keeps_a_rerankers_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A score step whose pairs share the prompt's head: the head as a sequence of its own, the
+    rest attending to its keys, both from the fused product's pair-ordered q and k."""
+    folder = save_qwen3_reranker(tmp_path / "qwen3-reranker")
+    engine = rose.Engine(folder, device="cpu", task="score")
+    docs = [f"Document {i}: " + "vectors and indexes " * (i % 9 + 1) for i in range(12)]
+    rendered = qwen3_reranker_prompts(folder, "What does a vector database store?", docs)
+    unfused = engine.embed_ids(rendered)[:, 0]
+    calls = fused_stand_in(engine, monkeypatch)
+    steps = engine.prefix_steps
+    fused = engine.embed_ids(rendered)[:, 0]
+    assert engine.prefix_steps == steps + 1 and len(calls) == engine.model_dir.config["num_hidden_layers"]
+    np.testing.assert_allclose(fused, unfused, rtol=1e-4, atol=1e-4)
+    assert np.ptp(unfused) > 1  # scores that differ, so that a lost position would show
