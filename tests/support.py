@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 import rose
+from rose.ops.large_steps import LargeStepKernel
 
 _SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -726,7 +727,7 @@ def large_step_documents() -> list[list[int]]:
 
 
 def through_a_loaded_kernel(
-    engine: rose.Engine, kernel: object, docs: list[list[int]], count: Callable[[], None]
+    engine: rose.Engine, kernel: LargeStepKernel, docs: list[list[int]], count: Callable[[], None]
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """A kernel for large steps (rose.ops.large_steps.LargeStepKernel) through its life in `engine`
     on `docs`, one large bucket: the bucket's eager run and its capture while the kernel loads
@@ -752,3 +753,16 @@ def through_a_loaded_kernel(
     assert cosines(fused[1], fused[2]).min() > 0.99999  # the replay is the capture's run
     assert cosines(fused[0], unfused[0]).min() > 0.999
     return unfused, fused
+
+
+def through_a_refused_kernel(engine: rose.Engine, kernel: LargeStepKernel, docs: list[list[int]], fake: object) -> None:
+    """A kernel for large steps that loads as `fake` and fails the engine's fidelity check when
+    handed over: refused, said so, and the steps after it as before it."""
+    kernel._load = lambda: fake
+    before = engine.embed_ids(docs)  # starts the loading
+    kernel.wait()
+    after = engine.embed_ids(docs)  # handed over, checked, refused
+    state = kernel.describe()
+    assert state["state"] == "failed" and "against float32 on large steps" in state["why"], state
+    assert engine.fidelity["large_batches"]["worst_cosine"] < 0.999
+    assert cosines(after, before).min() > 0.9999

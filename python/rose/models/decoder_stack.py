@@ -68,10 +68,9 @@ class DecoderStack:
         causal = not config.get("use_bidirectional_attention", False)
         self.attention_spec = AttentionSpec(heads, kv_heads, head_dim, causal=causal)
         self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
-        self.rope = kernels.rope_cache(
-            head_dim, config.get("max_position_embeddings", 32768), rope_theta(config), device
-        )
-        self.inv_freq = kernels.rope_inv_freq(head_dim, rope_theta(config))
+        theta = rope_theta(config)
+        self.rope = kernels.rope_cache(head_dim, config.get("max_position_embeddings", 32768), theta, device)
+        self.inv_freq = kernels.rope_inv_freq(head_dim, theta)
 
         w = Weights(weights, dtype, device, matmul_dtype or dtype)
         linear = w.linear

@@ -80,7 +80,8 @@ def interleaved_freq(inv_freq: torch.Tensor, shape: QkvShape) -> torch.Tensor:
     """[rows] float32: each rotated pair's frequency in turns (angle / 2 pi) as the sum of two
     float32s, hi at the pair's even column and lo at its odd one, repeated over q's and k's heads;
     zero over v's columns (no rotation). The layout quack's in-kernel rotation reads, which keeps
-    the angle exact to far beyond float32 at large positions."""
+    the angle exact to far beyond float32 at large positions; quack's make_interleaved_inv_freq
+    builds the same (tests/gpu), but quack does not import without a GPU."""
     turns = inv_freq.double() / (2 * math.pi)
     hi = turns.float()
     lo = (turns - hi.double()).float()
@@ -179,7 +180,7 @@ class FusedQkv:
                  layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:  # fmt: skip
         """`layers`: each layer's QKV weight [rows, hidden] and its q and k norm weights."""
         device = layers[0][0].device
-        self.product, self.shape = product, shape
+        self.product = product
         self.freq, self.keep = interleaved_freq(inv_freq.to(device), shape), qk_keep(shape, device)
         self.weights, self.norms = [], []
         for weight, q_norm, k_norm in layers:
