@@ -483,10 +483,12 @@ def save_cross_encoder(folder: Path, family: str = "bert") -> Path:
     return folder
 
 
-def save_qwen3_reranker(folder: Path, shape: str = "tiny") -> Path:
+def save_qwen3_reranker(folder: Path, shape: str = "tiny", logit_scale: float | None = None) -> Path:
     """A random Qwen3ForCausalLM in a QWEN3_SHAPES shape, published as Qwen3-Reranker is (a causal
     LM with its LM head; served with --task score), all-MiniLM-L6-v2's tokenizer ("yes" and "no" in
-    it)."""
+    it). `logit_scale` multiplies the LM head: by default 20 * (64 / hidden) ** 0.5, which spreads
+    the scores; a random wide shape's bfloat16 scores stray past 1e-2 of float32 at that spread
+    (0.6b-2l: 0.037), so a test that bounds them asks for less."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(4)
@@ -498,7 +500,7 @@ def save_qwen3_reranker(folder: Path, shape: str = "tiny") -> Path:
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
         # yes-minus-no logits that spread the scores (the final norm's output grows with the width)
-        model.lm_head.weight.mul_(20 * (64 / config.hidden_size) ** 0.5)
+        model.lm_head.weight.mul_(logit_scale or 20 * (64 / config.hidden_size) ** 0.5)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     (folder / "tokenizer.json").write_bytes((rose.default_model_path() / "tokenizer.json").read_bytes())
