@@ -6,6 +6,7 @@ and the AUTO_TABLE it implies.
     python benches/attention.py [--reps 30]
     python benches/attention.py --shapes "bert-base d64"                 # one shape (fewer JIT builds)
     python benches/attention.py --device cpu --backends sdpa --reps 2   # a dry run of the bench
+    python benches/attention.py --shapes "qwen3 d128 causal" --backends fa3,cudnn   # cuDNN beside fa3
 """
 
 from __future__ import annotations
@@ -48,12 +49,35 @@ def attention_flops(spec: AttentionSpec, seqs: list[int]) -> float:
     return full / 2 if spec.causal else full
 
 
+class CudnnPrefill:
+    """cuDNN's ragged SDPA through FlashInfer's wrapper (`--backends fa3,cudnn`): not one of ROSE's
+    backends, measured beside them as the one more kernel library that takes ragged batches."""
+
+    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+        try:
+            import cudnn  # noqa: F401  (FlashInfer's wrapper falls back to a cubin path without it)
+            from flashinfer.cudnn import cudnn_batch_prefill_with_kv_cache
+        except ImportError as error:
+            raise BackendUnavailable(f"cudnn: {error}") from error
+        self.run = cudnn_batch_prefill_with_kv_cache
+        self.spec, self.workspace = spec, torch.empty(256 << 20, dtype=torch.uint8, device=device)
+
+    def plan(self, batch: RaggedBatch) -> None:
+        self.batch = batch
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cu, longest = self.batch.cu_seqlens, self.batch.max_seqlen
+        return self.run(q, k, v, self.spec.scale, self.workspace, max_token_per_sequence=longest,
+                        max_sequence_kv=longest, causal=self.spec.causal, return_lse=False, batch_offsets_q=cu,
+                        batch_offsets_k=cu, batch_offsets_units="tokens")[0]  # fmt: skip
+
+
 def time_backend(name: str, spec: AttentionSpec, seqs: list[int], reps: int, device: torch.device
                  ) -> tuple[float, float] | None:  # fmt: skip
     """Median ms of one call over the batch (CUDA events; the wall clock on the CPU), and median
     microseconds of the host's plan; None where the backend does not load here."""
     try:
-        backend = BACKENDS[name](spec, device)
+        backend = (CudnnPrefill if name == "cudnn" else BACKENDS[name])(spec, device)
     except BackendUnavailable:
         return None
     cu = torch.tensor([0] + seqs).cumsum(0).to(torch.int32)
