@@ -50,8 +50,9 @@ def attention_flops(spec: AttentionSpec, seqs: list[int]) -> float:
 
 
 class CudnnPrefill:
-    """cuDNN's ragged SDPA through FlashInfer's wrapper (`--backends fa3,cudnn`): not one of ROSE's
-    backends, measured beside them as the one more kernel library that takes ragged batches."""
+    """cuDNN's ragged SDPA through FlashInfer's wrapper (`--backends fa3,cudnn`). Not one of ROSE's
+    backends: measured beside them because cuDNN is one more library that attends over ragged
+    batches with no padding."""
 
     def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
         try:
