@@ -730,13 +730,12 @@ def large_step_documents() -> list[list[int]]:
 
 def through_a_loaded_kernel(
     engine: rose.Engine, kernel: LargeStepKernel, docs: list[list[int]], count: Callable[[], None]
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+) -> None:
     """A kernel for large steps (rose.ops.large_steps.LargeStepKernel) through its life in `engine`
     on `docs`, one large bucket: the bucket's eager run and its capture while the kernel loads
     (held until then), the hand-over (the bucket's graph forgotten, the fidelity check of a large
     step, an eager run), then `count` (which wraps the kernel to count its calls), a capture and a
-    replay. Each run's vectors within the bound of the float32 reference; returns them, unfused and
-    fused."""
+    replay. Each run's vectors within the bound of the float32 reference."""
     loaded, load = threading.Event(), kernel._load
     kernel._load = lambda: loaded.wait(120) and load()
     unfused = [engine.embed_ids(docs) for _ in range(2)]
@@ -754,7 +753,6 @@ def through_a_loaded_kernel(
         assert cosines(vectors, reference).min() >= 0.999
     assert cosines(fused[1], fused[2]).min() > 0.99999  # the replay is the capture's run
     assert cosines(fused[0], unfused[0]).min() > 0.999
-    return unfused, fused
 
 
 def through_a_refused_kernel(engine: rose.Engine, kernel: LargeStepKernel, docs: list[list[int]], fake: object) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rose.ops.large_steps import LargeStepKernel, quack_unsupported
+from rose.ops.large_steps import LargeStepKernel, checked_error, quack_unsupported
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ must sum within one tile."""
 
 TILES = {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "cluster_n": 2, "pingpong": True}
 """quack's GEMM configuration: the fastest of those swept on an H100 (benches/RESULTS.md)."""
-
-MAX_ERROR = 2e-2
-"""The largest relative error (Frobenius, against `reference` in float32) the compiled kernel may
-show on random inputs before it is used: bf16 rounding gives ~3e-3, a wrong layout order one."""
 
 QkvProduct = Callable[..., torch.Tensor]
 """(x [tokens, hidden], weight [rows, hidden], positions [tokens] float32, freq [rows], norm
@@ -157,10 +153,7 @@ def compile_for(
         freq = interleaved_freq(torch.rand(shape.head_dim // 2, device=device, generator=generator), shape)
         norm = 1 + 0.1 * torch.randn(shape.rows, device=device, generator=generator)
         args = (positions, freq, norm, qk_keep(shape, device))
-        got, want = fused(x, weight, *args).float(), reference(x, weight, *args, shape)
-        error = float((got - want).norm() / want.norm())
-    if not error <= MAX_ERROR:
-        raise RuntimeError(f"the fused QKV product is {error:.2e} off float32 (more than {MAX_ERROR})")
+        error = checked_error("the fused QKV product", fused(x, weight, *args), reference(x, weight, *args, shape))
     log.info("the fused QKV product compiled for %s (relative error %.1e)", shape, error)
     return fused
 

@@ -13,17 +13,13 @@ from collections.abc import Callable
 
 import torch
 
-from rose.ops.large_steps import LargeStepKernel, quack_unsupported
+from rose.ops.large_steps import LargeStepKernel, checked_error, quack_unsupported
 
 log = logging.getLogger(__name__)
 
 MIN_TOKENS = 4096
 """The smallest step (in padded tokens) that takes the fused product: at 2,048 tokens cuBLAS and
 the activation kernel were faster, from 4,096 the fused one (benches/swiglu_gemm.py)."""
-
-MAX_ERROR = 2e-2
-"""The largest relative error (Frobenius, against float32) the compiled kernel may show on random
-inputs before it is used; a wrong gate/up layout gives errors of order one, bf16 rounding ~3e-3."""
 
 GatedProduct = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(x [tokens, hidden], weight [2 * intermediate, hidden], gate rows first) -> silu(gate) * up."""
@@ -45,12 +41,8 @@ def compile_for(shape: tuple[int, int], dtype: torch.dtype, device: torch.device
         generator = torch.Generator(device).manual_seed(0)
         x = torch.randn(MIN_TOKENS, shape[1], device=device, dtype=dtype, generator=generator)
         weight = torch.randn(shape, device=device, dtype=dtype, generator=generator) * shape[1] ** -0.5
-        got = fused(x, weight).float()
         gate, up = (x.float() @ weight.float().t()).chunk(2, dim=-1)
-        want = torch.nn.functional.silu(gate) * up
-        error = float((got - want).norm() / want.norm())
-    if not error <= MAX_ERROR:
-        raise RuntimeError(f"quack's gated GEMM is {error:.2e} off float32 (more than {MAX_ERROR})")
+        error = checked_error("quack's gated GEMM", fused(x, weight), torch.nn.functional.silu(gate) * up)
     log.info("quack's gated GEMM compiled for %s x %s (relative error %.1e)", *shape, error)
     return fused
 

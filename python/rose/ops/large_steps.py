@@ -22,6 +22,19 @@ MODES = ("auto", "off")
 
 K = TypeVar("K")
 
+MAX_ERROR = 2e-2
+"""The largest relative error (Frobenius, against float32) a compiled kernel may show on random
+inputs before it is used: bf16 rounding gives ~3e-3, a wrong layout errors of order one."""
+
+
+def checked_error(what: str, got: torch.Tensor, want: torch.Tensor) -> float:
+    """`got`'s relative error against `want` (float32), which a kernel's load checks before it
+    is used; raises where it exceeds MAX_ERROR."""
+    error = float((got.float() - want).norm() / want.norm())
+    if not error <= MAX_ERROR:
+        raise RuntimeError(f"{what} is {error:.2e} off float32 (more than {MAX_ERROR})")
+    return error
+
 
 def quack_unsupported(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why quack's GEMMs cannot run on `device` in `dtype`; None where they can."""
