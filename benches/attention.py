@@ -7,46 +7,20 @@ and the AUTO_TABLE it implies.
     python benches/attention.py --shapes "bert-base d64"                 # one shape (fewer JIT builds)
     python benches/attention.py --device cpu --backends sdpa --reps 2   # a dry run of the bench
     python benches/attention.py --shapes "qwen3 d128 causal" --backends fa3,cudnn   # cuDNN beside fa3
+
+vLLM's own FlashAttention builds are measured on the same batches by attention_vllm.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import torch
+from attention_batches import BATCHES, SHAPES, attention_flops, lengths, median, median_ms
 
 from rose.attention import BACKENDS, AttentionSpec, BackendUnavailable
 from rose.batch import RaggedBatch
-
-SHAPES = {
-    "minilm d32": AttentionSpec(12, 12, 32, causal=False, dtype=torch.bfloat16),
-    "bert-base d64": AttentionSpec(12, 12, 64, causal=False, dtype=torch.bfloat16),
-    "qwen3 d128": AttentionSpec(16, 8, 128, causal=False, dtype=torch.bfloat16),
-    "qwen3 d128 causal": AttentionSpec(16, 8, 128, causal=True, dtype=torch.bfloat16),
-}
-# (name, sequence length range, total tokens): queries, documents, half of a 1 x 100 rerank
-# request's pairs (its first step), long documents.
-BATCHES = [
-    ("5-30", (5, 30), 4096),
-    ("32-512", (32, 512), 16384),
-    ("180-240", (180, 240), 10752),
-    ("1k-4k", (1024, 4096), 32768),
-]
-
-
-def lengths(bounds: tuple[int, int], tokens: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    out: list[int] = []
-    while sum(out) < tokens:
-        out.append(rng.randint(*bounds))
-    return out
-
-
-def attention_flops(spec: AttentionSpec, seqs: list[int]) -> float:
-    full = sum(4 * n * n * spec.num_heads * spec.head_dim for n in seqs)
-    return full / 2 if spec.causal else full
 
 
 class CudnnPrefill:
@@ -87,34 +61,14 @@ def time_backend(name: str, spec: AttentionSpec, seqs: list[int], reps: int, dev
     q = torch.randn(t, spec.num_heads, spec.head_dim, device=device, dtype=spec.dtype)
     k = torch.randn(t, spec.num_kv_heads, spec.head_dim, device=device, dtype=spec.dtype)
     v = torch.randn_like(k)
-    cuda = device.type == "cuda"
     plans = []
     for _ in range(reps + 3):  # the first plans load modules
-        if cuda:
+        if device.type == "cuda":
             torch.cuda.synchronize()
         begin = time.perf_counter()
         backend.plan(batch)
         plans.append(time.perf_counter() - begin)
-    for _ in range(3):  # JIT and warm-up
-        backend(q, k, v)
-    times = []
-    for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            backend(q, k, v)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            begin = time.perf_counter()
-            backend(q, k, v)
-            times.append((time.perf_counter() - begin) * 1e3)
-    return median(times), median(plans[3:]) * 1e6
-
-
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+    return median_ms(lambda: backend(q, k, v), reps, device), median(plans[3:]) * 1e6
 
 
 def main() -> None:
@@ -131,10 +85,10 @@ def main() -> None:
     print("| shape | batch | " + " | ".join(names) + " | fastest | with its plan |")
     print("|---|---|" + "---|" * (len(names) + 2))
     for shape_name in args.shapes.split(","):
-        spec = SHAPES[shape_name]
+        spec = AttentionSpec(*SHAPES[shape_name], dtype=torch.bfloat16)
         for batch_name, bounds, tokens in BATCHES:
             seqs = lengths(bounds, tokens)
-            flops = attention_flops(spec, seqs)
+            flops = attention_flops(SHAPES[shape_name], seqs)
             timed = {n: time_backend(n, spec, seqs, args.reps, device) for n in names}
             cells = [f"{ms:.3f} ({flops / ms / 1e9:.0f}) +{plan:.0f}us" if ms else "n/a"
                      for ms, plan in (t or (0, 0) for t in timed.values())]  # fmt: skip
