@@ -5,7 +5,9 @@ fused_qk_rope.TILES and MIN_TOKENS.
 
     python benches/qkv_epilogue.py [--tokens 4096 8192 16384] [--rounds 7] [--sweep]
 
-`--sweep` times the fused product under each of the tile configurations in SWEEP. The check is the
+`--sweep` times the fused product under each of the tile configurations in SWEEP. "product alone"
+is cuBLAS's product with no epilogue and no norm: what the fused product would cost if its
+epilogue were free. The check is the
 worst cosine per (token, head) of q and k, back in halves order, against the unfused path. Rounds
 alternate between the sides; medians. Needs quack-kernels 0.6.5 (it comes with flash-attn-4).
 """
@@ -49,7 +51,7 @@ def sides(tokens: int, fused: dict[str, FusedQkv], w: dict, generator: torch.Gen
         return triton_kernels.qk_norm_rope(qkv, w["q_norm"], w["k_norm"], QWEN3.eps, positions, w["cache"],
                                            QWEN3.heads, QWEN3.kv_heads)  # fmt: skip
 
-    runs = {"unfused": unfused}
+    runs = {"unfused": unfused, "product alone": lambda: F.linear(x, w["weight"])}
     for name, product in fused.items():
         runs[name] = lambda product=product: product(0, x, as_float)
     return runs
@@ -87,8 +89,9 @@ def main() -> None:
             continue
         fused[name] = FusedQkv(product, QWEN3, inv_freq, [(weight, q_norm, k_norm)])
     results = []
-    print(f"| tokens | unfused ms | {' | '.join(f'{name} ms' for name in fused)} | speed-up (best) | worst cosine |")
-    print(f"|---|---|{'---|' * len(fused)}---|---|")
+    print(f"| tokens | unfused ms | product alone ms (TFLOP/s) | {' | '.join(f'{name} ms' for name in fused)} "
+          "| speed-up (best) | worst cosine |")  # fmt: skip
+    print(f"|---|---|---|{'---|' * len(fused)}---|---|")
     for tokens in args.tokens:
         runs = sides(tokens, fused, w, generator)
         unfused = runs["unfused"]()
@@ -101,7 +104,8 @@ def main() -> None:
         results.append({"tokens": tokens, "ms": ms, "worst_cosine": worst})
         best = min(ms[name] for name in fused)
         cells = " | ".join(f"{ms[name]:.3f}" for name in fused)
-        print(f"| {tokens} | {ms['unfused']:.3f} | {cells} | {ms['unfused'] / best:.2f}x | {worst} |")
+        alone = f"{ms['product alone']:.3f} ({2 * tokens * QWEN3.hidden * QWEN3.rows / ms['product alone'] / 1e9:.0f})"
+        print(f"| {tokens} | {ms['unfused']:.3f} | {alone} | {cells} | {ms['unfused'] / best:.2f}x | {worst} |")
     print(json.dumps({"rows": results, "device": torch.cuda.get_device_name()}))
 
 
