@@ -85,10 +85,11 @@ def main() -> None:
     print("| shape | batch | " + " | ".join(names) + " | fastest | with its plan |")
     print("|---|---|" + "---|" * (len(names) + 2))
     for shape_name in args.shapes.split(","):
-        spec = AttentionSpec(*SHAPES[shape_name], dtype=torch.bfloat16)
+        shape = SHAPES[shape_name]
+        spec = AttentionSpec(*shape, dtype=torch.bfloat16)
         for batch_name, bounds, tokens in BATCHES:
             seqs = lengths(bounds, tokens)
-            flops = attention_flops(SHAPES[shape_name], seqs)
+            flops = attention_flops(shape, seqs)
             timed = {n: time_backend(n, spec, seqs, args.reps, device) for n in names}
             cells = [f"{ms:.3f} ({flops / ms / 1e9:.0f}) +{plan:.0f}us" if ms else "n/a"
                      for ms, plan in (t or (0, 0) for t in timed.values())]  # fmt: skip

@@ -7,9 +7,9 @@ fused_qk_rope.TILES and MIN_TOKENS.
 
 `--sweep` times the fused product under each of the tile configurations in SWEEP. "product alone"
 is cuBLAS's product with no epilogue and no norm: what the fused product would cost if its
-epilogue were free. The check is the
-worst cosine per (token, head) of q and k, back in halves order, against the unfused path. Rounds
-alternate between the sides; medians. Needs quack-kernels 0.6.5 (it comes with flash-attn-4).
+epilogue were free. The check is the worst cosine per (token, head) of q and k, back in halves
+order, against the unfused path. Rounds alternate between the sides; medians. Needs
+quack-kernels 0.6.5 (it comes with flash-attn-4).
 """
 
 from __future__ import annotations
