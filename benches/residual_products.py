@@ -30,14 +30,13 @@ PRODUCTS = {"o": 2048, "down": 3072}
 SWEEP = [
     {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "cluster_n": 2, "pingpong": True},
     {"tile_m": 128, "tile_n": 128, "cluster_m": 2, "cluster_n": 1, "pingpong": True},
-    {"tile_m": 128, "tile_n": 256, "cluster_m": 2, "cluster_n": 1, "pingpong": True},
     {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1, "pingpong": False},
     {"tile_m": 192, "tile_n": 128, "cluster_m": 1, "cluster_n": 2, "pingpong": True},
     {"tile_m": 256, "tile_n": 128, "cluster_m": 1, "cluster_n": 2, "pingpong": False},
     {"tile_m": 256, "tile_n": 128, "cluster_m": 2, "cluster_n": 1, "pingpong": False},
     {"tile_m": 256, "tile_n": 256, "cluster_m": 1, "cluster_n": 1, "pingpong": False},
 ]
-"""quack configurations whose tiles divide 1,024 columns."""
+"""quack configurations whose tiles divide 1,024 columns (its pingpong kernels take at most 208)."""
 
 
 def quack_sides() -> dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]]:
