@@ -57,7 +57,7 @@ def test_qwen3_06b_shape_matches_transformers(qwen3: tuple, backend: str) -> Non
 
 
 def test_fa2_serves_as_the_first_backend_a_new_engine_runs(qwen3: tuple) -> None:
-    # Found on the H200 (benches/logs/h200-2026-12-03-fa2-first-step.log): fa2's first step
+    # Found on the H200 (2026-12-03; the log is in git's history before 2c58b4d): fa2's first step
     # under lazy graphs faulted (illegal address) when an earlier FlashInfer backend was replaced
     # unused: its graph wrapper's pinned plan buffer, reused from the replaced one's, held stale
     # tiles (see the next test).
