@@ -40,6 +40,11 @@ SWEEP = [
 """quack configurations that fit the epilogue (a head's 128 columns within a tile)."""
 
 
+def tile_name(tiles: dict[str, object]) -> str:
+    """A quack configuration's short name in the tables: tiles, cluster, pp for pingpong."""
+    return "{tile_m}x{tile_n} c{cluster_m}{cluster_n}{pp}".format(**tiles, pp=" pp" if tiles["pingpong"] else "")
+
+
 def sides(tokens: int, fused: dict[str, FusedQkv], w: dict, generator: torch.Generator) -> dict[str, Callable]:
     """The unfused path and each fused product on `tokens` random rows."""
     x = torch.randn(tokens, QWEN3.hidden, device="cuda", dtype=torch.bfloat16, generator=generator)
@@ -81,7 +86,7 @@ def main() -> None:
     inv_freq = kernels.rope_inv_freq(QWEN3.head_dim, args.theta)
     fused = {}
     for tiles in SWEEP if args.sweep else [fused_qk_rope.TILES]:
-        name = "{tile_m}x{tile_n} c{cluster_m}{cluster_n}{pp}".format(**tiles, pp=" pp" if tiles["pingpong"] else "")
+        name = tile_name(tiles)
         try:
             product = fused_qk_rope.compile_for(QWEN3, torch.bfloat16, device, tiles)
         except Exception as why:  # noqa: BLE001 - a configuration quack refuses is reported, not fatal

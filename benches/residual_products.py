@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 from fp8_speed import seconds
+from qkv_epilogue import tile_name
 
 HIDDEN = 1024
 PRODUCTS = {"o": 2048, "down": 3072}
@@ -47,9 +48,8 @@ def quack_sides() -> dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tenso
 
     sides = {"quack default": lambda x, weight, out: gemm_add_inplace(x, weight.t(), out, tuned=False)}
     for tiles in SWEEP:
-        name = "{tile_m}x{tile_n} c{cluster_m}{cluster_n}{pp}".format(**tiles, pp=" pp" if tiles["pingpong"] else "")
         config = GemmConfig(**tiles, is_dynamic_persistent=False)
-        sides[name] = lambda x, weight, out, config=config: gemm_tuned.fn(
+        sides[tile_name(tiles)] = lambda x, weight, out, config=config: gemm_tuned.fn(
             x, weight.t(), out, None, add_to_output=True, config=config
         )
     return sides
@@ -66,6 +66,7 @@ def main() -> None:
         return (torch.randn(*shape, device="cuda", generator=generator) * scale).bfloat16()
 
     cublas = {"cuBLAS addmm_": lambda x, weight, out: out.addmm_(x, weight.t())}
+    candidates = {**cublas, **quack_sides()}
     rows = []
     for product, width in PRODUCTS.items():
         weight = randn(HIDDEN, width, scale=width**-0.5)
@@ -73,7 +74,7 @@ def main() -> None:
             x, residual = randn(tokens, width), randn(tokens, HIDDEN, scale=4.0)
             want = residual.float() + x.float() @ weight.float().t()
             sides, errors = dict(cublas), {}
-            for name, run in {**cublas, **quack_sides()}.items():
+            for name, run in candidates.items():
                 out = residual.clone()
                 try:
                     run(x, weight, out)
