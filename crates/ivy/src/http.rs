@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::config::IvyArgs;
 use crate::error::IvyError;
 use crate::gateway::{EarlyTokenizer, Gateway, Tulips};
-use axum::serve::ListenerExt;
+use crate::listener::ClosingListener;
 
 /// How long `ivy-serve` waits for a Tulip endpoint to answer at start (the engine may be loading).
 const CONNECT_PATIENCE: Duration = Duration::from_secs(300);
@@ -43,32 +43,24 @@ pub async fn run(
         let table = crate::startup::table(model.model(), &engine, &endpoints);
         tracing::info!("Ivy serves:\n{table}");
     }
-    // Without TCP_NODELAY a response written in two parts can wait for the client's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY on a connection: {err}");
-        }
-    });
     // SIGTERM: /health answers 503 at once, new connections are still served for --drain-delay
     // (a load balancer takes the server out meanwhile), then refused; the admitted requests have
     // --shutdown-timeout to finish.
     let (delay, timeout) = (gateway.args().drain_delay, gateway.args().shutdown_timeout);
-    let (closing, closed) = tokio::sync::oneshot::channel();
     let draining = gateway.clone();
-    let signal = async move {
+    let closing = async move {
         shutdown.await;
         draining.drain();
         tracing::info!("draining: /health answers 503; new connections refused in {delay:?}");
         tokio::time::sleep(delay).await;
-        let _ = closing.send(());
     };
+    let listener = ClosingListener::new(listener, closing);
+    let (closed, deadline) = (listener.closed(), listener.closed());
     let serving =
-        axum::serve(listener, crate::routes::router(gateway)).with_graceful_shutdown(signal);
+        axum::serve(listener, crate::routes::router(gateway)).with_graceful_shutdown(closed);
     let deadline = async move {
-        match closed.await {
-            Ok(()) => tokio::time::sleep(timeout).await,
-            Err(_) => std::future::pending().await,
-        }
+        deadline.await;
+        tokio::time::sleep(timeout).await;
     };
     tokio::select! {
         served = serving.into_future() => {

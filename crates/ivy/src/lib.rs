@@ -16,6 +16,7 @@ pub mod http;
 pub mod input;
 pub mod key_limits;
 pub mod late_interaction;
+pub mod listener;
 pub mod metrics;
 pub mod replicas;
 pub mod request;
