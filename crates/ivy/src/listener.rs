@@ -71,17 +71,15 @@ impl ClosingListener {
     }
 
     fn close(&mut self) {
-        let State::Open(listener) =
-            std::mem::replace(&mut self.state, State::Closed(VecDeque::new()))
-        else {
-            return;
-        };
-        let queued = match listener.into_std() {
-            Ok(listener) => take_queue(&listener),
-            Err(err) => {
-                tracing::warn!("cannot take the queued connections before closing: {err}");
-                VecDeque::new()
-            }
+        let queued = match std::mem::replace(&mut self.state, State::Closed(VecDeque::new())) {
+            State::Open(listener) => match listener.into_std() {
+                Ok(listener) => take_queue(&listener),
+                Err(err) => {
+                    tracing::warn!("cannot take the queued connections before closing: {err}");
+                    VecDeque::new()
+                }
+            },
+            State::Closed(queued) => queued,
         };
         tracing::info!(
             "new connections refused; {} queued ones served",
