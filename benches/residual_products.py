@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from fp8_speed import seconds
 from qkv_epilogue import tile_name
+from rmsnorm_epilogue import seeded_randn
 
 HIDDEN = 1024
 PRODUCTS = {"o": 2048, "down": 3072}
@@ -62,8 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     generator = torch.Generator("cuda").manual_seed(0)
 
-    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, device="cuda", generator=generator) * scale).bfloat16()
+    randn = functools.partial(seeded_randn, generator)
 
     cublas = {"cuBLAS addmm_": lambda x, weight, out: out.addmm_(x, weight.t())}
     candidates = {**cublas, **quack_sides()}

@@ -16,6 +16,7 @@ activation and of the next layer's input (h times rstd) against ROSE's path. Nee
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from collections.abc import Callable
@@ -30,14 +31,18 @@ HIDDEN, ATTENTION, INTERMEDIATE, EPS = 1024, 2048, 3072, 1e-6
 """Qwen3-0.6B's o (2,048 -> 1,024), gate/up (1,024 -> 2 x 3,072) and down products."""
 
 
+def seeded_randn(generator: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    """Normal values times `scale` in bf16, drawn from `generator` on its device."""
+    return (torch.randn(*shape, device=generator.device, generator=generator) * scale).bfloat16()
+
+
 def sides(tokens: int, w: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, Callable[..., tuple]]:
     """ROSE's path and the deferred one on `tokens` random rows, each returning the activation and
     the next layer's input (the deferred one as h * gamma and the row's rstd)."""
     from quack.epilogue.library import rstd_swiglu_epi
     from quack.gemm_interface import gemm_gated, gemm_rms
 
-    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, device="cuda", generator=generator) * scale).bfloat16()
+    randn = functools.partial(seeded_randn, generator)
 
     attn, residual0 = randn(tokens, ATTENTION), randn(tokens, HIDDEN, scale=4.0)
     spare = [residual0.clone() for _ in range(3)]
@@ -77,8 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     generator = torch.Generator("cuda").manual_seed(0)
 
-    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, device="cuda", generator=generator) * scale).bfloat16()
+    randn = functools.partial(seeded_randn, generator)
 
     w = {
         "o": randn(HIDDEN, ATTENTION, scale=ATTENTION**-0.5),
